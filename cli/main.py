@@ -1,0 +1,48 @@
+"""The `locomesh` command: one subcommand per module in this package.
+
+Each subcommand module exposes `add_parser(subparsers)`, which registers its
+parser and sets `handler`, a function taking the parsed arguments and returning
+the exit code. Heavy imports (libp2p, torch) happen inside handlers, so
+`locomesh --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from importlib import metadata
+
+
+def version() -> str:
+    try:
+        return metadata.version("locomesh")
+    except metadata.PackageNotFoundError:
+        return "0+unknown"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="locomesh", description="Train one model together over the internet.")
+    parser.add_argument("--version", action="version", version=f"locomesh {version()}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for module in _subcommand_modules():
+        module.add_parser(subparsers)
+    return parser
+
+
+def _subcommand_modules() -> list:
+    # Subcommand modules are added here as they are written.
+    return []
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handler = getattr(args, "handler", None)
+    if handler is None:
+        parser.print_help()
+        return 2
+    return handler(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,105 @@
+"""The registry of message kinds: each has a name, a body schema and a size cap.
+
+A kind is the unit a decoder dispatches on. The size cap bounds the whole
+encoded envelope, so a peer cannot make us parse a body larger than the kind
+can ever legitimately be. `run_scoped` kinds carry the 32-byte run ID they
+belong to; the others carry an empty `run`.
+
+Each domain adds its kinds in its own section below, next to nothing else: the
+registry is the one place that lists every message locomesh can receive.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .errors import ProtocolError
+from .schema import Bool, Bytes, Int, List, Map, OneOf, Scalar, Str, Struct
+
+KiB, MiB = 1024, 1024 * 1024
+RUN_ID_SIZE = 32
+HASH_SIZE = 32
+
+
+@dataclass(frozen=True)
+class MessageKind:
+    name: str
+    body: Struct
+    max_size: int
+    run_scoped: bool = True
+
+
+KINDS: dict[str, MessageKind] = {}
+
+
+def register(kind: MessageKind) -> MessageKind:
+    """Add `kind` to the registry; a name is registered once."""
+    if kind.name in KINDS:
+        raise ValueError(f"message kind {kind.name!r} is registered twice")
+    KINDS[kind.name] = kind
+    return kind
+
+
+def lookup(name: str) -> MessageKind:
+    try:
+        return KINDS[name]
+    except KeyError:
+        raise ProtocolError("unknown-kind", f"no message kind named {name[:64]!r}") from None
+
+
+def max_envelope_size() -> int:
+    return max(kind.max_size for kind in KINDS.values())
+
+
+_hash = Bytes(HASH_SIZE, HASH_SIZE)
+_public_key = Bytes(32, 32)
+
+# --- node: liveness and peer records -------------------------------------------------------
+
+PING = register(MessageKind("node.ping", Struct({"nonce": Bytes(8, 64)}), 512, run_scoped=False))
+
+PEER_RECORD = register(
+    MessageKind(
+        "peer.record",
+        Struct(
+            {
+                "addrs": List(Str(1, 512), max_len=64),
+                "relay_addrs": List(Str(1, 512), max_len=16),
+                "seq": Int(0, 2**63 - 1),
+                "expires": Int(0, 2**63 - 1),
+            }
+        ),
+        32 * KiB,
+        run_scoped=False,
+    )
+)
+
+# --- runs: the signed genesis manifest (its hash is the run ID) ----------------------------
+
+RUN_MANIFEST = register(
+    MessageKind(
+        "run.manifest",
+        Struct(
+            {
+                "name": Str(0, 128),
+                "task": Str(1, 128),
+                "task_config": Map(Scalar(1024), max_len=64),
+                "seed": Int(0, 2**63 - 1),
+                "hparams": Map(Scalar(), max_len=64),
+                "admission": OneOf(frozenset({"open", "allowlist"})),
+                "allowlist": List(_public_key, max_len=1024),
+                "hparam_writers": List(_public_key, max_len=64),
+                "public": Bool(),
+                "created": Int(0, 2**63 - 1),
+            }
+        ),
+        256 * KiB,
+        run_scoped=False,
+    )
+)
+
+# --- crdt: run-state ops and anti-entropy sync (added with the CRDT) ------------------------
+
+# --- rounds: commitments and pseudo-gradient payloads (added with round exchange) -----------
+
+# --- checkpoints: manifests and chunk transfer (added with checkpoint serving) ---------------
