@@ -79,7 +79,7 @@ def decode(data: bytes, *, run: bytes | None = None, kinds: frozenset[str] | Non
     if not isinstance(raw, dict) or raw.keys() != _FIELDS:
         raise ProtocolError("bad-envelope", "an envelope is a map of exactly v, kind, run, author, body, sig")
     v, kind, run_id, author, body, sig = (raw[name] for name in ("v", "kind", "run", "author", "body", "sig"))
-    if v != VERSION or isinstance(v, bool):
+    if type(v) is not int or v != VERSION:  # 1.0 and True equal 1, but are other bytes
         raise ProtocolError("bad-version", f"protocol version {v!r} is not {VERSION}")
     if not isinstance(kind, str):
         raise ProtocolError("bad-envelope", "kind must be a string")

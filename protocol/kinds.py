@@ -100,6 +100,53 @@ RUN_MANIFEST = register(
 
 # --- crdt: run-state ops and anti-entropy sync (added with the CRDT) ------------------------
 
+# Every op is its own kind, so each op type has its own body schema and size cap. All op bodies
+# share `parents` (the author's heads when it wrote the op; sorted, distinct) and `seq` (one more
+# than the author's own newest op among the parents). The op ID is SHA-256 of the envelope bytes.
+MAX_PARENTS = 64
+MAX_OP_SIZE = 32 * KiB  # the largest op that is not evidence; evidence carries two of them
+_parents = List(_hash, max_len=MAX_PARENTS)
+_round = Int(0, 2**40)
+
+
+def _op_kind(name: str, fields: dict, max_size: int) -> MessageKind:
+    body = Struct({"parents": _parents, "seq": Int(1, 2**40), **fields})
+    return register(MessageKind(f"crdt.{name}", body, max_size))
+
+
+CRDT_JOIN = _op_kind("join", {"round": _round}, 4 * KiB)
+CRDT_LEAVE = _op_kind("leave", {"round": _round}, 4 * KiB)
+CRDT_VOTE = _op_kind("vote", {"round": Int(1, 2**40), "hash": _hash}, 4 * KiB)
+_checkpoint = {"id": _hash, "round": _round, "size": Int(0, 2**50)}
+CRDT_CHECKPOINT = _op_kind("checkpoint", _checkpoint, 4 * KiB)
+CRDT_ATTEST = _op_kind("attest", _checkpoint, 4 * KiB)
+CRDT_HPARAMS = _op_kind("hparams", {"round": _round, "changes": Map(Scalar(), max_len=64)}, MAX_OP_SIZE)
+CRDT_SNAPSHOT = _op_kind(
+    "snapshot", {"state": _hash, "frontier": List(_hash, max_len=MAX_PARENTS, min_len=1), "ops": Int(1, 2**40)}, 8 * KiB
+)
+CRDT_EVIDENCE = _op_kind(
+    "evidence",
+    {"reason": OneOf(frozenset({"fork", "double-vote"})), "a": Bytes(1, MAX_OP_SIZE), "b": Bytes(1, MAX_OP_SIZE)},
+    2 * MAX_OP_SIZE + 4 * KiB,
+)
+_op_kinds = (CRDT_JOIN, CRDT_LEAVE, CRDT_VOTE, CRDT_CHECKPOINT, CRDT_ATTEST, CRDT_HPARAMS, CRDT_SNAPSHOT, CRDT_EVIDENCE)
+CRDT_OP_KINDS = frozenset(kind.name for kind in _op_kinds)
+
+# Anti-entropy: exchange heads, ask for what is missing, answer with ops in bounded batches.
+MAX_WANT = 256
+MAX_BATCH_OPS = 256
+CRDT_HEADS = register(MessageKind("crdt.heads", Struct({"heads": _parents, "reply": Bool()}), 4 * KiB))
+CRDT_WANT = register(
+    MessageKind("crdt.want", Struct({"ids": List(_hash, max_len=MAX_WANT, min_len=1), "have": _parents}), 16 * KiB)
+)
+CRDT_OPS = register(
+    MessageKind(
+        "crdt.ops",
+        Struct({"ops": List(Bytes(1, CRDT_EVIDENCE.max_size), max_len=MAX_BATCH_OPS), "more": Bool()}),
+        4 * MiB,
+    )
+)
+
 # --- rounds: commitments and pseudo-gradient payloads (added with round exchange) -----------
 
 # --- checkpoints: manifests and chunk transfer (added with checkpoint serving) ---------------

@@ -89,7 +89,7 @@ class OneOf(Spec):
     values: frozenset[str]
 
     def check(self, value: Any, path: str = "") -> None:
-        if value not in self.values or not isinstance(value, str):
+        if not isinstance(value, str) or value not in self.values:
             raise _fail(path, f"{value!r} is not one of {sorted(self.values)}")
 
 

@@ -101,10 +101,12 @@ def test_unexpected_kind_is_rejected(identity_factory):
     assert excinfo.value.code == "unexpected-kind"
 
 
-def test_wrong_version_is_rejected(identity_factory):
+@pytest.mark.parametrize("version", [2, 1.0, True, "1"], ids=repr)
+def test_wrong_version_is_rejected(identity_factory, version):
+    """1.0 and True compare equal to 1: accepting them would give one message two signed forms."""
     alice = identity_factory(1)
     raw = _raw(alice)
-    raw["v"] = 2
+    raw["v"] = version
     with pytest.raises(ProtocolError) as excinfo:
         decode(_resigned(alice, raw))
     assert excinfo.value.code == "bad-version"
@@ -137,6 +139,17 @@ def test_schema_violation_is_rejected_even_when_signed(identity_factory):
         decode(_resigned(alice, raw))
     assert excinfo.value.code == "bad-field"
     assert "nonce" in excinfo.value.reason
+
+
+@pytest.mark.parametrize("value", [["open"], {"a": 1}, 1, None], ids=repr)
+def test_one_of_field_with_a_value_of_another_type_is_rejected(identity_factory, value):
+    """Found by bench/protocol_fuzz.py: an unhashable value made `in frozenset` raise TypeError."""
+    alice = identity_factory(1)
+    raw = _raw(alice, "run.manifest")
+    raw["body"]["admission"] = value
+    with pytest.raises(ProtocolError) as excinfo:
+        decode(_resigned(alice, raw))
+    assert excinfo.value.code == "bad-field"
 
 
 def test_sign_refuses_a_body_that_breaks_the_schema(identity_factory):

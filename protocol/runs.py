@@ -1,0 +1,88 @@
+"""Run IDs: the SHA-256 of a run's signed genesis manifest, and the short form people read.
+
+The full ID is 32 bytes; people see it as lowercase base32 without padding (52 characters),
+and `short_run_id` keeps the first 16 of those (80 bits) for logs and tables. Only the full
+form identifies a run: a short form is a label, never a lookup key.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+
+from typing import Any
+
+from .envelope import Envelope, decode, encode
+from .errors import ProtocolError
+from .identity import Identity
+from .kinds import RUN_ID_SIZE, RUN_MANIFEST
+
+SHORT_ID_CHARS = 16
+
+
+def run_id(manifest_bytes: bytes) -> bytes:
+    """The run ID of a signed `run.manifest` envelope: SHA-256 of exactly those bytes."""
+    return hashlib.sha256(manifest_bytes).digest()
+
+
+def sign_manifest(
+    creator: Identity,
+    *,
+    task: str,
+    created: int,
+    name: str = "",
+    task_config: dict[str, Any] | None = None,
+    seed: int = 0,
+    hparams: dict[str, Any] | None = None,
+    allowlist: list[bytes] | None = None,
+    hparam_writers: list[bytes] | None = None,
+    public: bool = False,
+) -> bytes:
+    """A signed genesis manifest. With an allowlist the run is closed to other keys; without
+    one it is open. Hyperparameter writers default to the creator alone. `created` is a Unix
+    time in seconds, passed in (this package reads no clock)."""
+    body = {
+        "name": name,
+        "task": task,
+        "task_config": dict(task_config or {}),
+        "seed": seed,
+        "hparams": dict(hparams or {}),
+        "admission": "allowlist" if allowlist is not None else "open",
+        "allowlist": sorted(allowlist or []),
+        "hparam_writers": sorted(hparam_writers if hparam_writers is not None else [creator.public_key]),
+        "public": public,
+        "created": created,
+    }
+    return encode(creator, RUN_MANIFEST.name, body)
+
+
+def load_manifest(manifest_bytes: bytes) -> tuple[bytes, Envelope]:
+    """Verify a signed manifest and return (run ID, envelope), or raise `ProtocolError`."""
+    envelope = decode(manifest_bytes, kinds=frozenset({RUN_MANIFEST.name}))
+    return run_id(manifest_bytes), envelope
+
+
+def format_run_id(run: bytes) -> str:
+    """The full ID as 52 lowercase base32 characters."""
+    if len(run) != RUN_ID_SIZE:
+        raise ValueError(f"a run ID has {RUN_ID_SIZE} bytes, not {len(run)}")
+    return base64.b32encode(run).decode("ascii").rstrip("=").lower()
+
+
+def short_run_id(run: bytes) -> str:
+    """The first 16 characters of the full form: enough to tell runs apart by eye."""
+    return format_run_id(run)[:SHORT_ID_CHARS]
+
+
+def parse_run_id(text: str) -> bytes:
+    """A full run ID from its base32 form (any case) or 64 hex digits, or `ProtocolError`."""
+    text = text.strip()
+    try:
+        if len(text) == 2 * RUN_ID_SIZE:
+            return bytes.fromhex(text)
+        if len(text) == 52:
+            return base64.b32decode(text.upper() + "====")
+    except (ValueError, binascii.Error):
+        pass
+    raise ProtocolError("bad-run-id", f"{text[:60]!r} is not a full run ID (52 base32 characters or 64 hex digits)")
