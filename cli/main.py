@@ -9,15 +9,10 @@ the exit code. Heavy imports (libp2p, torch) happen inside handlers, so
 from __future__ import annotations
 
 import argparse
+import os
 import sys
-from importlib import metadata
 
-
-def version() -> str:
-    try:
-        return metadata.version("locomesh")
-    except metadata.PackageNotFoundError:
-        return "0+unknown"
+from locomesh.node import version
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -31,7 +26,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _subcommand_modules() -> list:
     # Subcommand modules are added here as they are written.
-    return []
+    from . import node_cmd, run_cmd, run_state, status_cmd, swarm_cmd
+
+    return [node_cmd, status_cmd, swarm_cmd, run_cmd, run_state]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,7 +38,13 @@ def main(argv: list[str] | None = None) -> int:
     if handler is None:
         parser.print_help()
         return 2
-    return handler(args)
+    try:
+        return handler(args)
+    except BrokenPipeError:
+        # The reader of our output went away (`locomesh peers | head -1`): not an error worth a traceback.
+        # Point stdout at /dev/null so the interpreter's final flush does not fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
 
 
 if __name__ == "__main__":

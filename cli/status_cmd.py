@@ -1,0 +1,100 @@
+"""`locomesh status` and `locomesh peers`: what the running daemon says, as a table or as JSON.
+
+Both exit 0 with the answer, 3 when no daemon runs on the data dir, 1 when
+the daemon answers with an error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+from .client import EXIT_ERROR, EXIT_OK, DaemonNotRunning, RpcCallError, RpcClient
+from .common import add_data_dir_argument, data_dir_of, fail, no_daemon
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    for name, help_text, handler in (
+        ("status", "show the running daemon's status", show_status),
+        ("peers", "list the peers the daemon is connected to", show_peers),
+    ):
+        parser = subparsers.add_parser(name, help=help_text)
+        add_data_dir_argument(parser)
+        parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+        parser.set_defaults(handler=handler)
+
+
+def show_status(args: argparse.Namespace) -> int:
+    return _show(args, "node.status", format_status)
+
+
+def show_peers(args: argparse.Namespace) -> int:
+    return _show(args, "node.peers", format_peers)
+
+
+def _show(args: argparse.Namespace, method: str, as_table: Callable[[Any], str]) -> int:
+    try:
+        result = RpcClient.for_data_dir(data_dir_of(args)).call(method)
+    except DaemonNotRunning as error:
+        return no_daemon(error)
+    except RpcCallError as error:
+        return fail(f"{method} failed: {error}", EXIT_ERROR)
+    print(json.dumps(result, indent=2, sort_keys=True) if args.json else as_table(result))
+    return EXIT_OK
+
+
+def format_status(status: dict[str, Any]) -> str:
+    """`node.status` as aligned "key  value" lines; lists one item per line."""
+    rows = [
+        ("peer id", status.get("peer_id")),
+        ("version", status.get("version")),
+        ("uptime", _duration(status.get("uptime_s", 0))),
+        ("peers connected", status.get("peers_connected")),
+        ("bytes in / out", f"{_size(status.get('bytes_in', 0))} / {_size(status.get('bytes_out', 0))}"),
+        ("protocol errors", status.get("protocol_errors")),
+        ("services", ", ".join(status.get("services", [])) or "-"),
+        ("runs", ", ".join(str(run) for run in status.get("runs", [])) or "-"),
+    ]
+    for label, key in (("listening on", "listen_addrs"), ("observed as", "observed_addrs")):
+        addresses = status.get(key) or ["-"]
+        rows.extend((label if index == 0 else "", address) for index, address in enumerate(addresses))
+    width = max(len(label) for label, _ in rows)
+    return "\n".join(f"{label:<{width}}  {value}" for label, value in rows)
+
+
+def format_peers(peers: list[dict[str, Any]]) -> str:
+    """`node.peers` as a table with a header row."""
+    if not peers:
+        return "no peers connected"
+    header = ("PEER ID", "DIRECTION", "CONNECTED SINCE", "ADDRESS")
+    rows = [
+        (
+            str(peer.get("peer_id")),
+            str(peer.get("direction")),
+            time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(peer.get("connected_since", 0))),
+            (peer.get("connection_addrs") or peer.get("addrs") or ["-"])[0],
+        )
+        for peer in peers
+    ]
+    widths = [max(len(row[column]) for row in [header, *rows]) for column in range(len(header))]
+    lines = ("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in [header, *rows])
+    return "\n".join(lines)
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(seconds)
+    hours, rest = divmod(seconds, 3600)
+    minutes, seconds = divmod(rest, 60)
+    return f"{hours}h {minutes:02d}m {seconds:02d}s" if hours else f"{minutes}m {seconds:02d}s"
+
+
+def _size(count: int) -> str:
+    value = float(count)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")

@@ -1,0 +1,78 @@
+"""Staying connected to the bootstrap peers: dial, and on failure retry with capped, jittered backoff.
+
+One task per bootstrap address (`keep_connected`). It dials with a timeout;
+while the peer stays connected it only checks every `CHECK_INTERVAL` seconds;
+when a dial fails or the connection drops it waits `Backoff.next_delay()`
+before the next dial. Delays double from `base` up to `cap`, and each is
+drawn uniformly from [delay/2, delay] ("equal jitter") so that many nodes
+restarted together do not dial in lockstep. The random source is passed in:
+the daemon uses the OS's, tests and the simulator a seeded one.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import trio
+from multiaddr import Multiaddr
+
+logger = logging.getLogger(__name__)
+
+CHECK_INTERVAL = 5.0
+
+
+@dataclass
+class Backoff:
+    """Exponential backoff with jitter (pure: no clock, no I/O)."""
+
+    base: float = 0.5
+    cap: float = 60.0
+    rng: random.Random = field(default_factory=random.SystemRandom)
+    failures: int = 0
+
+    def next_delay(self) -> float:
+        """The wait before the next attempt, after one more failure."""
+        ceiling = min(self.cap, self.base * 2.0 ** min(self.failures, 62))
+        self.failures += 1
+        return self.rng.uniform(ceiling / 2, ceiling)
+
+    def reset(self) -> None:
+        self.failures = 0
+
+
+async def keep_connected(
+    address: Multiaddr,
+    *,
+    dial: Callable[[Multiaddr], Awaitable[None]],
+    is_connected: Callable[[], bool],
+    backoff: Backoff,
+    dial_timeout: float,
+) -> None:
+    """Keep one bootstrap peer connected, forever (until cancelled).
+
+    `dial(address)` connects or raises; `is_connected()` says whether the
+    peer is connected now.
+    """
+    while True:
+        if is_connected():
+            backoff.reset()
+            await trio.sleep(CHECK_INTERVAL)
+            continue
+        try:
+            with trio.fail_after(dial_timeout):
+                await dial(address)
+            logger.info("connected to bootstrap peer %s", address)
+            backoff.reset()
+        except Exception as error:  # noqa: BLE001 - any dial failure means: try again later
+            delay = backoff.next_delay()
+            logger.info("bootstrap dial to %s failed (%s); retrying in %.1f s", address, _describe(error), delay)
+            await trio.sleep(delay)
+
+
+def _describe(error: BaseException) -> str:
+    if isinstance(error, trio.TooSlowError):
+        return "timed out"
+    return f"{type(error).__name__}: {error}"[:200]

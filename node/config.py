@@ -1,0 +1,191 @@
+"""The daemon's configuration: one validated dataclass, from a TOML file, the environment and flags.
+
+Precedence, lowest first: built-in defaults < the TOML file < ``LOCOMESH_*``
+environment variables < command-line flags. The file is ``--config FILE``
+(or ``LOCOMESH_CONFIG``); without one, ``<data dir>/config.toml`` is read if
+it exists. The data dir itself comes from ``--data-dir``, ``LOCOMESH_DATA_DIR``
+or the platform's user data dir (`platformdirs.user_data_dir("locomesh")`),
+never from the file that lives inside it.
+
+=================  ======================  ============================  ==========================
+key (TOML)         environment             flag                          default
+=================  ======================  ============================  ==========================
+listen             LOCOMESH_LISTEN (a,b)   --listen MULTIADDR (repeat)   ["/ip4/0.0.0.0/tcp/0"]
+bootstrap          LOCOMESH_BOOTSTRAP      --bootstrap MULTIADDR         []
+rpc_port           LOCOMESH_RPC_PORT       --rpc-port N                  0 (any free port)
+log_format         LOCOMESH_LOG_FORMAT     --log-format text|json        "text"
+log_level          LOCOMESH_LOG_LEVEL      --log-level LEVEL             "info"
+=================  ======================  ============================  ==========================
+
+A list given at a higher level replaces the lower one (it is not merged).
+Every bad value raises `ConfigError` with a one-line message naming where the
+value came from; unknown keys in the file are errors too (a typo must not be
+silently ignored). This module does not import libp2p: multiaddrs are checked
+with the `multiaddr` package alone.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+ENV_PREFIX = "LOCOMESH_"
+DEFAULT_LISTEN = ("/ip4/0.0.0.0/tcp/0",)
+LOG_FORMATS = ("text", "json")
+LOG_LEVELS = ("debug", "info", "warning", "error")
+CONFIG_FILE_NAME = "config.toml"
+_MAX_CONFIG_FILE = 1024 * 1024
+
+
+class ConfigError(Exception):
+    """A configuration value that cannot be used; the message is one line for the user."""
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    data_dir: Path
+    listen: tuple[str, ...] = DEFAULT_LISTEN
+    bootstrap: tuple[str, ...] = ()
+    rpc_port: int = 0
+    log_format: str = "text"
+    log_level: str = "info"
+    config_file: Path | None = field(default=None, compare=False)
+
+    def validate(self) -> NodeConfig:
+        """Check every field; return self, or raise `ConfigError`."""
+        if not self.listen:
+            raise ConfigError("listen: at least one address is needed")
+        for address in self.listen:
+            _check_multiaddr(address, "listen", need_peer=False)
+        for address in self.bootstrap:
+            _check_multiaddr(address, "bootstrap", need_peer=True)
+        if isinstance(self.rpc_port, bool) or not isinstance(self.rpc_port, int) or not 0 <= self.rpc_port <= 65535:
+            raise ConfigError(f"rpc_port: {self.rpc_port!r} is not a port number (0-65535)")
+        if self.log_format not in LOG_FORMATS:
+            raise ConfigError(f"log_format: {self.log_format!r} is not one of {', '.join(LOG_FORMATS)}")
+        if self.log_level not in LOG_LEVELS:
+            raise ConfigError(f"log_level: {self.log_level!r} is not one of {', '.join(LOG_LEVELS)}")
+        return self
+
+
+_SETTABLE = ("listen", "bootstrap", "rpc_port", "log_format", "log_level")
+
+
+def default_data_dir() -> Path:
+    from platformdirs import user_data_dir
+
+    return Path(user_data_dir("locomesh"))
+
+
+def resolve_data_dir(flag: str | os.PathLike | None, environ: Mapping[str, str]) -> Path:
+    """The data dir: the flag, else ``LOCOMESH_DATA_DIR``, else the platform default."""
+    chosen = flag if flag is not None else environ.get(ENV_PREFIX + "DATA_DIR") or None
+    return Path(chosen).expanduser() if chosen is not None else default_data_dir()
+
+
+def load_config(
+    *,
+    data_dir: str | os.PathLike | None = None,
+    config_file: str | os.PathLike | None = None,
+    flags: Mapping[str, Any] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> NodeConfig:
+    """Defaults < file < environment < `flags` (only the keys present and not None count)."""
+    environ = os.environ if environ is None else environ
+    directory = resolve_data_dir(data_dir, environ)
+    path = _config_path(config_file, environ, directory)
+    config = NodeConfig(data_dir=directory, config_file=path)
+    if path is not None:
+        config = replace(config, **_from_file(path))
+    config = replace(config, **_from_env(environ))
+    given = {key: value for key, value in (flags or {}).items() if value is not None}
+    for key in ("listen", "bootstrap"):
+        if key in given:
+            given[key] = tuple(given[key])
+    config = replace(config, **given)
+    return config.validate()
+
+
+def _config_path(flag: str | os.PathLike | None, environ: Mapping[str, str], data_dir: Path) -> Path | None:
+    chosen = flag if flag is not None else environ.get(ENV_PREFIX + "CONFIG") or None
+    if chosen is not None:
+        path = Path(chosen).expanduser()
+        if not path.is_file():
+            raise ConfigError(f"config file {path} does not exist")
+        return path
+    default = data_dir / CONFIG_FILE_NAME
+    return default if default.is_file() else None
+
+
+def _from_file(path: Path) -> dict[str, Any]:
+    try:
+        if path.stat().st_size > _MAX_CONFIG_FILE:
+            raise ConfigError(f"{path}: a config file is at most {_MAX_CONFIG_FILE} bytes")
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as error:
+        raise ConfigError(f"{path}: cannot read: {error.strerror}") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
+        raise ConfigError(f"{path}: not valid TOML: {error}") from None
+    unknown = sorted(data.keys() - set(_SETTABLE))
+    if unknown:
+        raise ConfigError(f"{path}: unknown key {unknown[0]!r} (known: {', '.join(_SETTABLE)})")
+    values = {}
+    for key, value in data.items():
+        values[key] = _typed(key, value, f"{path}: {key}")
+    return values
+
+
+def _from_env(environ: Mapping[str, str]) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    for key in _SETTABLE:
+        name = ENV_PREFIX + key.upper()
+        text = environ.get(name)
+        if text is None or text == "":
+            continue
+        if key in ("listen", "bootstrap"):
+            values[key] = tuple(part.strip() for part in text.split(",") if part.strip())
+        elif key == "rpc_port":
+            values[key] = _parse_port(text, name)
+        else:
+            values[key] = text.strip().lower()
+    return values
+
+
+def _typed(key: str, value: Any, where: str) -> Any:
+    """A file value in the dataclass's type, or `ConfigError`."""
+    if key in ("listen", "bootstrap"):
+        if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+            raise ConfigError(f"{where}: expected a list of multiaddr strings")
+        return tuple(value)
+    if key == "rpc_port":
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{where}: expected an integer")
+        return value
+    if not isinstance(value, str):
+        raise ConfigError(f"{where}: expected a string")
+    return value.lower()
+
+
+def _parse_port(text: str, where: str) -> int:
+    try:
+        return int(text.strip(), 10)
+    except ValueError:
+        raise ConfigError(f"{where}: {text[:40]!r} is not a port number") from None
+
+
+def _check_multiaddr(text: str, where: str, *, need_peer: bool) -> None:
+    from multiaddr import Multiaddr
+
+    try:
+        address = Multiaddr(text)
+        protocols = [protocol.name for protocol in address.protocols()]
+    except Exception as error:  # noqa: BLE001 - the multiaddr package raises several types
+        raise ConfigError(f"{where}: {text[:120]!r} is not a multiaddr ({error})") from None
+    if "tcp" not in protocols or not {"ip4", "ip6", "dns", "dns4", "dns6"} & set(protocols):
+        raise ConfigError(f"{where}: {text[:120]!r} is not a TCP address (like /ip4/127.0.0.1/tcp/4001)")
+    if need_peer and "p2p" not in protocols:
+        raise ConfigError(f"{where}: {text[:120]!r} lacks the peer ID (.../p2p/12D3KooW...)")

@@ -1,0 +1,172 @@
+"""`locomesh node start`: the node, its data dir, its local RPC, and its signals, in one process.
+
+Start-up, in order: take the data dir's lock; load (or create, once) the
+identity; build the node with its services; listen; start the RPC server on
+127.0.0.1; write a fresh cookie and ``rpc.json``. From that moment clients
+can find and drive the daemon (see `locomesh.node.datadir`).
+
+Shut-down starts on SIGINT, SIGTERM or the ``node.shutdown`` RPC: the RPC
+server stops taking connections and answers what it was serving, the
+services are cancelled (each persists what it must, bounded by
+`locomesh.node.service.SHUTDOWN_GRACE`), connections and listeners are
+closed, ``rpc.json`` and the cookie are removed, and the process exits 0.
+A second signal exits at once (status 128 + signal number); a shutdown
+that takes longer than `SHUTDOWN_TIMEOUT` seconds is cut short (status 1).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import trio
+from multiaddr import Multiaddr
+
+from locomesh.protocol import Identity
+
+from .config import NodeConfig
+from .datadir import DataDir, RpcInfo
+from .ping import PingService
+from .rpc import RpcDispatcher
+from .rpc_server import RpcServer
+from .run_registry_service import RunRegistryService
+from .runtime import Node
+from .service import Service
+from .streams import sole_exception
+
+logger = logging.getLogger(__name__)
+
+SHUTDOWN_TIMEOUT = 10.0
+_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+ServiceFactory = Callable[[NodeConfig], Sequence[Service]]
+
+
+def default_services(config: NodeConfig) -> list[Service]:
+    """The services every daemon runs (later issues add CRDT sync, checkpoints, rounds)."""
+    return [PingService(), RunRegistryService(config.data_dir)]
+
+
+def run_daemon(config: NodeConfig, *, services: ServiceFactory = default_services) -> int:
+    """Run a daemon in the foreground until it is told to stop; return the exit status.
+
+    Raises `DataDirError` or `IdentityError` before anything starts if the data
+    dir is taken or its key unusable, and `ListenError` if an address cannot
+    be listened on.
+    """
+    datadir = DataDir(config.data_dir)
+    datadir.lock()
+    try:
+        identity = Identity.load_or_create(datadir.identity_path)
+        try:
+            trio.run(_serve, config, datadir, identity, services)
+        except BaseExceptionGroup as group:
+            raise sole_exception(group) from None
+        logger.info("stopped cleanly")
+        return 0
+    finally:
+        datadir.remove_rpc_files()
+        datadir.unlock()
+
+
+async def _serve(config: NodeConfig, datadir: DataDir, identity: Identity, services: ServiceFactory) -> None:
+    node = Node.create(
+        identity,
+        listen_addrs=[Multiaddr(address) for address in config.listen],
+        services=services(config),
+        bootstrap=[Multiaddr(address) for address in config.bootstrap],
+    )
+    register_node_methods(node)
+    requests = node.metrics.counter("locomesh_rpc_requests_total", "JSON-RPC calls, by method.", labels=("method",))
+    rejected = node.metrics.counter(
+        "locomesh_rpc_rejected_total", "RPC requests refused, by reason.", labels=("reason",)
+    )
+    server = RpcServer(
+        RpcDispatcher(node.rpc, on_call=lambda method: requests.inc(method=method)),
+        cookie=datadir.new_cookie(),
+        render_metrics=node.metrics.render,
+        on_reject=lambda reason: rejected.inc(reason=reason),
+    )
+    async with trio.open_nursery() as guards:
+        guards.start_soon(_watch_signals, node)
+        guards.start_soon(_shutdown_watchdog, node)
+        try:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(node.run)
+                port = await nursery.start(server.run, config.rpc_port)
+                datadir.write_rpc_info(RpcInfo(port=port, pid=os.getpid(), peer_id=node.peer_id))
+                logger.info("ready: peer %s, RPC on 127.0.0.1:%d, data dir %s", node.peer_id, port, config.data_dir)
+                await node.wait_stop_requested()
+                logger.info("shutting down")
+                server.stop()
+        finally:
+            guards.cancel_scope.cancel()
+
+
+def register_node_methods(node: Node) -> None:
+    """The ``node.*`` RPC methods (``node.ping`` comes with the ping service)."""
+
+    async def status() -> dict[str, Any]:
+        return node.status()
+
+    async def peers() -> list[dict[str, Any]]:
+        return node.peer_list()
+
+    async def shutdown() -> dict[str, Any]:
+        node.request_stop()
+        return {"stopping": True}
+
+    async def debug() -> dict[str, Any]:
+        return process_facts()
+
+    async def methods() -> list[str]:
+        return node.rpc.names()
+
+    for name, function in {
+        "node.status": status,
+        "node.peers": peers,
+        "node.shutdown": shutdown,
+        "node.debug": debug,
+        "node.methods": methods,
+    }.items():
+        node.rpc.register(name, function)
+
+
+def process_facts() -> dict[str, Any]:
+    """Facts about this process that tests and benchmarks check (torch must not be loaded at start)."""
+    return {
+        "pid": os.getpid(),
+        "python": sys.version.split()[0],
+        "rss_bytes": _rss_bytes(),
+        "modules_loaded": len(sys.modules),
+        "torch_imported": "torch" in sys.modules,
+    }
+
+
+def _rss_bytes() -> int | None:
+    try:
+        with open("/proc/self/statm") as file:
+            return int(file.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+async def _watch_signals(node: Node) -> None:
+    with trio.open_signal_receiver(*_SIGNALS) as signals:
+        async for signum in signals:
+            if node.stopping:
+                logger.warning("second %s: exiting at once", signal.Signals(signum).name)
+                os._exit(128 + signum)
+            logger.info("%s received", signal.Signals(signum).name)
+            node.request_stop()
+
+
+async def _shutdown_watchdog(node: Node) -> None:
+    await node.wait_stop_requested()
+    await trio.sleep(SHUTDOWN_TIMEOUT)
+    logger.error("shutdown took over %g s; exiting anyway", SHUTDOWN_TIMEOUT)
+    os._exit(1)

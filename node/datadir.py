@@ -1,0 +1,161 @@
+"""The data dir: what a daemon keeps on disk, and how a client finds the daemon through it.
+
+    <data dir>/
+        identity.key   the node's Ed25519 key (PEM, 0600), created once, reused at every start
+        config.toml    optional configuration (see `locomesh.node.config`)
+        daemon.lock    held with an exclusive fcntl lock while a daemon runs; holds its PID
+        rpc.json       {"port", "pid", "peer_id"}: where the running daemon's RPC listens
+        rpc.cookie     the RPC secret for this start (0600), 64 hex characters
+
+`rpc.json` and `rpc.cookie` are written atomically once the RPC answers, and
+removed on a clean shutdown. A client therefore trusts them only while the
+lock is held (`daemon_running`): a daemon that crashed leaves stale files but
+no lock, because the kernel drops the lock with the process.
+
+This module does not import libp2p or trio: the CLI client uses it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import secrets
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from locomesh.protocol.files import atomic_write
+
+IDENTITY_FILE = "identity.key"
+LOCK_FILE = "daemon.lock"
+RPC_INFO_FILE = "rpc.json"
+COOKIE_FILE = "rpc.cookie"
+COOKIE_BYTES = 32
+_MAX_INFO_FILE = 64 * 1024
+_LOCK_ATTEMPTS = 10
+
+
+class DataDirError(Exception):
+    """The data dir cannot be used (locked by another daemon, unwritable, or holding a bad file)."""
+
+
+@dataclass(frozen=True)
+class RpcInfo:
+    port: int
+    pid: int
+    peer_id: str
+
+
+class DataDir:
+    """One node's directory. `lock()` before writing anything in it."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path)
+        self._lock_fd: int | None = None
+
+    @property
+    def identity_path(self) -> Path:
+        return self.path / IDENTITY_FILE
+
+    def lock(self) -> None:
+        """Take the data dir for this process, or raise `DataDirError` if another daemon has it."""
+        try:
+            self.path.mkdir(parents=True, exist_ok=True, mode=0o700)
+            fd = os.open(self.path / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as error:
+            raise DataDirError(f"cannot use data dir {self.path}: {error.strerror}") from None
+        if not _try_lock(fd):
+            holder = _read_pid(fd)
+            os.close(fd)
+            who = f" (pid {holder})" if holder else ""
+            raise DataDirError(f"another locomesh daemon{who} is using data dir {self.path}") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._lock_fd = fd
+
+    def unlock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # closing the descriptor releases the lock
+            self._lock_fd = None
+
+    def new_cookie(self) -> str:
+        """Write a fresh RPC cookie (0600, atomically) and return it."""
+        cookie = secrets.token_hex(COOKIE_BYTES)
+        atomic_write(self.path / COOKIE_FILE, cookie.encode("ascii"), mode=0o600)
+        return cookie
+
+    def write_rpc_info(self, info: RpcInfo) -> None:
+        data = json.dumps({"port": info.port, "pid": info.pid, "peer_id": info.peer_id}).encode()
+        atomic_write(self.path / RPC_INFO_FILE, data, mode=0o644)
+
+    def remove_rpc_files(self) -> None:
+        for name in (RPC_INFO_FILE, COOKIE_FILE):
+            try:
+                (self.path / name).unlink()
+            except FileNotFoundError:
+                pass
+
+    # --- what a client reads ----------------------------------------------------------
+
+    def daemon_running(self) -> bool:
+        """True while some process holds the data dir's lock."""
+        try:
+            fd = os.open(self.path / LOCK_FILE, os.O_RDONLY)
+        except FileNotFoundError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        finally:
+            os.close(fd)
+        return False
+
+    def read_rpc_info(self) -> RpcInfo | None:
+        """Where the daemon's RPC listens, or None if no daemon has published it."""
+        raw = self._read_small(RPC_INFO_FILE)
+        if raw is None:
+            return None
+        try:
+            data: Any = json.loads(raw)
+            info = RpcInfo(port=data["port"], pid=data["pid"], peer_id=data["peer_id"])
+        except (ValueError, KeyError, TypeError):
+            raise DataDirError(f"{self.path / RPC_INFO_FILE} is damaged; remove it if no daemon runs") from None
+        if not isinstance(info.port, int) or not 0 < info.port < 65536:
+            raise DataDirError(f"{self.path / RPC_INFO_FILE} names no valid port")
+        return info
+
+    def read_cookie(self) -> str | None:
+        raw = self._read_small(COOKIE_FILE)
+        return None if raw is None else raw.decode("ascii", errors="replace").strip()
+
+    def _read_small(self, name: str) -> bytes | None:
+        try:
+            with open(self.path / name, "rb") as file:
+                return file.read(_MAX_INFO_FILE)
+        except FileNotFoundError:
+            return None
+        except OSError as error:
+            raise DataDirError(f"cannot read {self.path / name}: {error.strerror}") from None
+
+
+def _try_lock(fd: int) -> bool:
+    """Take an exclusive lock on `fd`, retrying briefly: a client's `daemon_running` probe holds it for an instant."""
+    for attempt in range(_LOCK_ATTEMPTS):
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if attempt + 1 < _LOCK_ATTEMPTS:
+                time.sleep(0.02)
+    return False
+
+
+def _read_pid(fd: int) -> int | None:
+    try:
+        text = os.pread(fd, 32, 0).decode("ascii").strip()
+        return int(text) if text.isdigit() else None
+    except (OSError, UnicodeDecodeError):
+        return None

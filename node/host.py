@@ -1,0 +1,77 @@
+"""The one place a libp2p host is built: the daemon and the network simulator both call `build_host`.
+
+What every locomesh host is, whatever carries its bytes:
+
+* its key is the node's `Identity` (same Ed25519 key, so the same peer ID);
+* Noise is the only security protocol offered (a default py-libp2p host
+  would also accept plaintext, TLS and SECIO connections);
+* Yamux is the only stream multiplexer;
+* at most one connection per peer (`max_connections_per_peer=1`), which also
+  turns off py-libp2p's fixed 250 ms happy-eyeballs delay on every dial;
+* every transport is wrapped in a `MeteredTransport`, so the `ByteMeter`
+  passed in counts every byte on the wire.
+
+The transports are injectable: the daemon uses TCP (the default), the
+simulator passes its in-memory transport. Listening happens later, in
+``async with host.run(listen_addrs=...)``; leaving that block does not close
+the listening sockets, so callers also ``await host.close()`` (see
+`locomesh.node.runtime.Node.run`, which does both).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from libp2p import new_host
+from libp2p.abc import IHost, ITransport
+from libp2p.crypto.ed25519 import create_new_key_pair
+from libp2p.crypto.x25519 import create_new_key_pair as create_new_x25519_key_pair
+from libp2p.network.config import ConnectionConfig
+from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
+from libp2p.security.noise.transport import Transport as NoiseTransport
+from libp2p.stream_muxer.yamux.yamux import PROTOCOL_ID as YAMUX_PROTOCOL_ID
+from libp2p.stream_muxer.yamux.yamux import Yamux
+from libp2p.transport.tcp.tcp import TCP
+from multiaddr import Multiaddr
+
+from locomesh.protocol import Identity
+
+from .meter import ByteMeter, MeteredTransport
+
+DIAL_TIMEOUT = 10.0
+UPGRADE_TIMEOUT = 10.0
+
+
+def build_host(
+    identity: Identity,
+    *,
+    listen_addrs: Sequence[Multiaddr],
+    transports: Sequence[ITransport] | None = None,
+    meter: ByteMeter | None = None,
+    max_connections: int = 300,
+) -> IHost:
+    """A py-libp2p host for `identity`: Noise only, Yamux, one connection per peer.
+
+    `transports` defaults to ``[TCP()]``; each is wrapped so that `meter`
+    (a fresh one if None; read it back from the wrapper or pass your own)
+    counts its traffic. `listen_addrs` is what the host will later be run
+    with; py-libp2p looks at it when it builds the swarm.
+    """
+    key_pair = create_new_key_pair(identity.seed)
+    noise = NoiseTransport(key_pair, noise_privkey=create_new_x25519_key_pair().private_key)
+    meter = meter if meter is not None else ByteMeter()
+    metered = [MeteredTransport(transport, meter) for transport in (transports or [TCP()])]
+    return new_host(
+        key_pair=key_pair,
+        sec_opt={NOISE_PROTOCOL_ID: noise},
+        muxer_opt={YAMUX_PROTOCOL_ID: Yamux},
+        listen_addrs=list(listen_addrs),
+        transports=metered,
+        connection_config=ConnectionConfig(
+            max_connections=max_connections,
+            max_connections_per_peer=1,
+            dial_timeout=DIAL_TIMEOUT,
+            inbound_upgrade_timeout=UPGRADE_TIMEOUT,
+            outbound_upgrade_timeout=UPGRADE_TIMEOUT,
+        ),
+    )

@@ -1,0 +1,101 @@
+"""Byte accounting at the connection level: a transport wrapper that counts every byte.
+
+py-libp2p 0.8.1 keeps no byte counters we could read, so the node wraps each
+of its transports in `MeteredTransport`. Every raw connection it dials or
+accepts has its byte stream replaced by a `CountingStream`, which adds what
+passes through `read` and `write` to one shared `ByteMeter`. The counts are
+wire bytes: Noise handshakes and tags, Yamux headers, multistream
+negotiation and Identify are all included, which is what a volunteer paying
+for bandwidth cares about.
+
+The wrapper works for any transport whose connections are
+`RawConnection`s (TCP, the simulator's in-memory transport). A transport that
+hands out already-multiplexed connections (QUIC) is not counted; locomesh
+does not use one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from libp2p.abc import IListener, IRawConnection, ITransport
+from libp2p.io.abc import ReadWriteCloser
+from libp2p.network.connection.raw_connection import RawConnection
+from multiaddr import Multiaddr
+
+
+@dataclass
+class ByteMeter:
+    """Totals of bytes received and sent over all connections of one host."""
+
+    bytes_in: int = 0
+    bytes_out: int = 0
+
+
+class CountingStream(ReadWriteCloser):
+    """A connection's byte stream that adds its traffic to a `ByteMeter`."""
+
+    def __init__(self, inner: ReadWriteCloser, meter: ByteMeter) -> None:
+        self._inner = inner
+        self._meter = meter
+
+    async def read(self, n: int | None = None) -> bytes:
+        data = await self._inner.read(n)
+        self._meter.bytes_in += len(data)
+        return data
+
+    async def write(self, data: bytes) -> None:
+        await self._inner.write(data)
+        self._meter.bytes_out += len(data)
+
+    async def close(self) -> None:
+        await self._inner.close()
+
+    def get_remote_address(self) -> tuple[str, int] | None:
+        return self._inner.get_remote_address()
+
+    def __getattr__(self, name: str) -> Any:
+        # Anything else a transport's stream offers (local address, socket options).
+        return getattr(self._inner, name)
+
+
+class MeteredTransport(ITransport):
+    """`inner`, with every connection it makes or accepts counted in `meter`."""
+
+    def __init__(self, inner: ITransport, meter: ByteMeter) -> None:
+        self.inner = inner
+        self.meter = meter
+        self.provides_native_muxing = inner.provides_native_muxing
+
+    async def dial(self, maddr: Multiaddr) -> IRawConnection:
+        return self._count(await self.inner.dial(maddr))
+
+    async def dial_with_source(self, maddr: Multiaddr, source: tuple[str, int]) -> IRawConnection:
+        """Dial from a given local (ip, port): TCP hole punching needs it; other transports ignore `source`."""
+        dial_with_source = getattr(self.inner, "dial_with_source", None)
+        if dial_with_source is None:
+            return await self.dial(maddr)
+        return self._count(await dial_with_source(maddr, source))
+
+    def create_listener(self, handler_function: Any) -> IListener:
+        async def counted_handler(stream: ReadWriteCloser) -> None:
+            if isinstance(stream, ReadWriteCloser):
+                stream = CountingStream(stream, self.meter)
+            await handler_function(stream)
+
+        return self.inner.create_listener(counted_handler)
+
+    def can_dial(self, maddr: Multiaddr) -> bool:
+        return self.inner.can_dial(maddr)
+
+    def can_listen(self, maddr: Multiaddr) -> bool:
+        return self.inner.can_listen(maddr)
+
+    def protocols(self) -> list[str]:
+        return self.inner.protocols()
+
+    def _count(self, connection: IRawConnection) -> IRawConnection:
+        if isinstance(connection, RawConnection):
+            connection.stream = CountingStream(connection.stream, self.meter)
+        return connection

@@ -1,0 +1,188 @@
+"""The local RPC endpoint: HTTP/1.1 on 127.0.0.1, JSON-RPC 2.0 at ``POST /``, Prometheus at ``GET /metrics``.
+
+Authentication (bitcoind's cookie idea, with a Bearer header): at every start
+the daemon writes 32 fresh random bytes, hex-encoded, to ``<datadir>/rpc.cookie``
+(mode 0600). A JSON-RPC request must carry ``Authorization: Bearer <cookie>``;
+the comparison takes constant time. A missing or wrong cookie gets 401, and
+the method is not looked at. Whoever can read the data dir can drive the node.
+
+``GET /metrics`` needs no cookie: Prometheus scrapers do not have one, the
+socket is bound to 127.0.0.1 only, and the metrics reveal no secret.
+
+Bounds, so a local process that misbehaves cannot hurt the node: request
+heads of 16 KiB and bodies of 1 MiB at most (see `http11`), `REQUEST_TIMEOUT`
+seconds for a request to arrive whole (an idle keep-alive connection is closed
+after as long), and at most `MAX_CONNECTIONS` open connections (more get 503).
+Every HTTP-level refusal carries a JSON-RPC error object as its body.
+
+Shutdown: `stop()` closes the listening socket at once; requests already
+being served get up to `DRAIN_TIMEOUT` seconds to be answered (so the answer
+to ``node.shutdown`` gets out), then the connections are closed.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+import trio
+
+from . import metrics as metrics_module
+from .http11 import HttpError, Request, RequestParser, State, render_response
+from .rpc import INVALID_REQUEST, RpcDispatcher
+from .runtime import ListenError
+
+logger = logging.getLogger(__name__)
+
+HOST = "127.0.0.1"
+REQUEST_TIMEOUT = 10.0
+SEND_TIMEOUT = 10.0
+DRAIN_TIMEOUT = 2.0
+MAX_CONNECTIONS = 32
+_RECEIVE_SIZE = 64 * 1024
+
+
+class RpcServer:
+    """Serves one `RpcDispatcher` and one metrics page, guarded by `cookie`."""
+
+    def __init__(
+        self,
+        dispatcher: RpcDispatcher,
+        *,
+        cookie: str,
+        render_metrics: Callable[[], str],
+        on_reject: Callable[[str], None] = lambda reason: None,
+        max_connections: int = MAX_CONNECTIONS,
+    ) -> None:
+        self.dispatcher = dispatcher
+        self._expected_auth = f"Bearer {cookie}".encode("ascii")
+        self._render_metrics = render_metrics
+        self._on_reject = on_reject
+        self._connections = trio.CapacityLimiter(max_connections)
+        self._stopping = trio.Event()
+        self.port: int | None = None
+
+    async def run(self, port: int = 0, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        """Listen on 127.0.0.1:`port` (0: any free port; the chosen one is `self.port`) until `stop()`.
+
+        Raises `ListenError` if the port cannot be had.
+        """
+        try:
+            listeners = await trio.open_tcp_listeners(port, host=HOST)
+        except OSError as error:
+            raise ListenError(f"cannot listen for RPC on {HOST}:{port}: {error.strerror}") from None
+        self.port = listeners[0].socket.getsockname()[1]
+        async with trio.open_nursery() as connections:
+            async with trio.open_nursery() as acceptor:
+                serve = partial(trio.serve_listeners, self._serve_connection, listeners, handler_nursery=connections)
+                acceptor.start_soon(serve)
+                task_status.started(self.port)
+                await self._stopping.wait()
+                acceptor.cancel_scope.cancel()
+            for listener in listeners:
+                await listener.aclose()
+            with trio.move_on_after(DRAIN_TIMEOUT):
+                while self._connections.borrowed_tokens:
+                    await trio.sleep(0.02)
+            connections.cancel_scope.cancel()
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    async def _serve_connection(self, stream: trio.SocketStream) -> None:
+        try:
+            self._connections.acquire_nowait()
+        except trio.WouldBlock:
+            self._on_reject("busy")
+            await self._refuse(stream, HttpError(503, "too many RPC connections"))
+            return
+        try:
+            await self._serve_requests(stream)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass  # the client went away; nothing to answer
+        except Exception:  # noqa: BLE001 - one bad connection must not stop the server
+            logger.exception("RPC connection failed")
+        finally:
+            self._connections.release()
+            await stream.aclose()
+
+    async def _serve_requests(self, stream: trio.SocketStream) -> None:
+        parser = RequestParser()
+        while not self._stopping.is_set():
+            try:
+                request = await _receive_request(stream, parser)
+            except HttpError as error:
+                self._on_reject("timeout" if error.status == 408 else "bad-http")
+                await self._refuse(stream, error)
+                return
+            if request is None:
+                return
+            status, body, content_type = await self._respond(request)
+            keep_alive = request.keep_alive and not self._stopping.is_set()
+            response = render_response(
+                status, body, content_type=content_type, keep_alive=keep_alive, extra_headers=_extra(status)
+            )
+            with trio.move_on_after(SEND_TIMEOUT):
+                await stream.send_all(response)
+            if not keep_alive:
+                return
+            parser.start_next()
+
+    async def _respond(self, request: Request) -> tuple[int, bytes, str]:
+        """(status, body, content type) for one request."""
+        if request.target == "/metrics":
+            if request.method != "GET":
+                return _http_error_body(HttpError(405, "use GET for /metrics"))
+            return 200, self._render_metrics().encode("utf-8"), metrics_module.CONTENT_TYPE
+        if request.target != "/":
+            return _http_error_body(HttpError(404, f"nothing at {request.target[:64]}"))
+        if request.method != "POST":
+            return _http_error_body(HttpError(405, "JSON-RPC takes POST /"))
+        if not self._authorized(request):
+            self._on_reject("unauthorized")
+            return _http_error_body(HttpError(401, "missing or wrong cookie (Authorization: Bearer <rpc.cookie>)"))
+        body = await self.dispatcher.handle(request.body)
+        return (204, b"", "application/json") if body is None else (200, body, "application/json")
+
+    def _authorized(self, request: Request) -> bool:
+        given = request.headers.get("authorization", "").encode("latin-1")
+        return hmac.compare_digest(given, self._expected_auth)
+
+    async def _refuse(self, stream: trio.SocketStream, error: HttpError) -> None:
+        status, body, content_type = _http_error_body(error)
+        response = render_response(
+            status, body, content_type=content_type, keep_alive=False, extra_headers=_extra(status)
+        )
+        with trio.move_on_after(SEND_TIMEOUT):
+            try:
+                await stream.send_all(response)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                pass
+
+
+async def _receive_request(stream: trio.SocketStream, parser: RequestParser) -> Request | None:
+    """The next request on `stream`, None when the client closed cleanly, `HttpError` (408 on timeout)."""
+    with trio.move_on_after(REQUEST_TIMEOUT) as timer:
+        while True:
+            request = parser.next_request()
+            if request is not None or parser.state is State.CLOSED:
+                return request
+            parser.receive_data(await stream.receive_some(_RECEIVE_SIZE))
+    assert timer.cancelled_caught
+    if parser.buffered == 0 and parser.state is State.HEAD:
+        return None  # an idle keep-alive connection: close it without a word
+    raise HttpError(408, f"request not complete within {REQUEST_TIMEOUT:g} s")
+
+
+def _http_error_body(error: HttpError) -> tuple[int, bytes, str]:
+    message = f"HTTP {error.status}: {error.reason}"
+    body = {"jsonrpc": "2.0", "id": None, "error": {"code": INVALID_REQUEST, "message": message}}
+    return error.status, json.dumps(body).encode("utf-8"), "application/json"
+
+
+def _extra(status: int) -> tuple[tuple[str, str], ...]:
+    return (("WWW-Authenticate", 'Bearer realm="locomesh"'),) if status == 401 else ()

@@ -1,0 +1,176 @@
+"""The run registry: create runs, list the runs this node knows, find any public run by ID.
+
+A node service (see `locomesh.node.service`) that owns the node's `Discovery`
+(the Kademlia DHT, `locomesh.dht`) and its `RunStore` (the data dir's
+``runs/``). RPC methods:
+
+    run.create(task, settings={}, public=False, name="", seed=None) -> run summary + {"published"}
+    run.list() -> [run summary]
+    run.info(run_id) -> run summary + {"manifest": body, "source": "local" | "dht"}
+
+On start it loads the stored runs, starts the DHT, and, once the routing
+table holds a peer, republishes every public run it created or joined and
+its own peer record.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Any
+
+import trio
+
+from locomesh.dht.discovery import Discovery, DiscoveryError
+from locomesh.protocol import ProtocolError
+from locomesh.protocol.runs import format_run_id, parse_run_id, short_run_id, sign_manifest
+
+from .rpc import RpcError
+from .run_store import KnownRun, RunStore
+from .runtime import Node
+
+logger = logging.getLogger(__name__)
+
+# The defaults a new run starts from (DESIGN.md, "Runs"; the values of `training.diloco.DiLoCoConfig`).
+DEFAULT_HPARAMS: dict[str, Any] = {
+    "inner_steps": 50,
+    "inner_optimizer": "adamw",
+    "inner_lr": 3e-3,
+    "batch_size": 16,
+    "outer_lr": 0.7,
+    "outer_momentum": 0.9,
+    "nesterov": True,
+    "codec": "int8",
+    "aggregator": "centered_clip",
+    "byzantine_fraction": 0.2,
+    "round_deadline_s": 600,
+}
+RUN_NOT_FOUND = -32004
+
+
+class RunRegistryService:
+    """Serves ``run.*`` RPC methods and keeps this node's runs published. See the module docstring."""
+
+    name = "runs"
+
+    def __init__(self, data_dir: str | os.PathLike) -> None:
+        self.store = RunStore(data_dir)
+        self.discovery: Discovery | None = None
+        self._node: Node | None = None
+
+    async def run(self, node: Node, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        self._node = node
+        self.store.load()
+        self.discovery = Discovery(node.host, node.identity, rng=node.rng)
+        for name, method in (("run.create", self._rpc_create), ("run.list", self._rpc_list), ("run.info", self._rpc_info)):
+            node.rpc.register(name, method)
+        node.add_status_field("runs", lambda: [short_run_id(run.run_id) for run in self.store.runs() if run.origin != "seen"])
+        node.add_status_field("dht_routing_table", self.discovery.routing_table_size)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(self.discovery.run)
+            nursery.start_soon(self._publish_after_bootstrap)
+            task_status.started()
+
+    async def _publish_after_bootstrap(self) -> None:
+        assert self.discovery is not None and self._node is not None
+        await self.discovery.wait_seeded()
+        for run in self.store.runs():
+            if run.origin != "seen" and run.envelope.body["public"]:
+                await self._publish(run)
+        try:
+            await self.discovery.publish_peer_record([str(addr) for addr in self._node.host.get_transport_addrs()])
+        except DiscoveryError as error:
+            logger.info("publishing our peer record failed: %s", error)
+
+    async def _publish(self, run: KnownRun) -> bool:
+        assert self.discovery is not None
+        try:
+            await self.discovery.publish_run(run.manifest)
+            return True
+        except (DiscoveryError, ProtocolError) as error:
+            logger.warning("publishing run %s failed: %s", short_run_id(run.run_id), error)
+            return False
+
+    # --- RPC ------------------------------------------------------------------------------
+
+    async def _rpc_create(
+        self, task: str, settings: dict | None = None, public: bool = False, name: str = "", seed: int | None = None
+    ) -> dict[str, Any]:
+        assert self._node is not None
+        if not isinstance(public, bool):
+            raise RpcError.invalid_params("public must be true or false")
+        if seed is None:
+            seed = self._node.rng.randrange(2**63)
+        try:
+            manifest = sign_manifest(
+                self._node.identity,
+                task=task,
+                name=name,
+                task_config=_settings(settings),
+                seed=seed,
+                hparams=dict(DEFAULT_HPARAMS),
+                public=public,
+                created=int(time.time()),
+            )
+        except (ProtocolError, TypeError, ValueError) as error:
+            raise RpcError.invalid_params(str(error)) from None
+        run = self.store.add(manifest, "created")
+        published = await self._publish(run) if public else False
+        return {**summary(run), "published": published}
+
+    async def _rpc_list(self) -> list[dict[str, Any]]:
+        return [summary(run) for run in self.store.runs()]
+
+    async def _rpc_info(self, run_id: str) -> dict[str, Any]:
+        assert self.discovery is not None
+        if not isinstance(run_id, str):
+            raise RpcError.invalid_params("run_id must be a string")
+        try:
+            raw_id = parse_run_id(run_id)
+        except ProtocolError as error:
+            raise RpcError.invalid_params(error.reason) from None
+        run, source = self.store.get(raw_id), "local"
+        if run is None:
+            try:
+                found = await self.discovery.find_run(raw_id)
+            except DiscoveryError as error:
+                raise RpcError(-32000, f"run lookup failed: {error}") from None
+            if found is None:
+                raise RpcError(RUN_NOT_FOUND, f"no public run {run_id} found in the DHT")
+            run, source = self.store.add(found[0], "seen"), "dht"
+        return {**summary(run), "source": source, "manifest": _jsonable(run.envelope.body)}
+
+
+def summary(run: KnownRun) -> dict[str, Any]:
+    """What `run list` shows of a run (JSON-ready)."""
+    body = run.envelope.body
+    return {
+        "run_id": format_run_id(run.run_id),
+        "short_id": short_run_id(run.run_id),
+        "name": body["name"],
+        "task": body["task"],
+        "public": body["public"],
+        "created": body["created"],
+        "creator": run.envelope.author_peer_id,
+        "origin": run.origin,
+    }
+
+
+def _settings(settings: Any) -> dict[str, Any]:
+    if settings is None:
+        return {}
+    if not isinstance(settings, dict) or not all(isinstance(key, str) for key in settings):
+        raise RpcError.invalid_params("settings must be an object of key: value")
+    return dict(settings)
+
+
+def _jsonable(value: Any) -> Any:
+    """Manifest bodies hold bytes (public keys): JSON gets them as hex."""
+    if isinstance(value, bytes):
+        return value.hex()
+    if isinstance(value, dict):
+        return {key: _jsonable(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_jsonable(item) for item in value]
+    return value
