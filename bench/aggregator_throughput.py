@@ -1,0 +1,84 @@
+"""Every aggregator on k contributions of N float32 values, one CPU thread.
+
+    .venv/bin/python bench/aggregator_throughput.py [--numel 16777216] [--contributions 16] [--only a,b]
+
+Reports wall and CPU seconds (best of `--repeats`; on a shared machine CPU time
+is the steadier one), MB/s of fp32 input (k·N·4 bytes / CPU second) and the CPU
+time relative to the plain mean. CenteredClip runs twice: centred on a
+previous aggregate (every round after the first) and on the coordinate median
+(the first round). Target: CenteredClip (with a previous aggregate) ≤ 5× the mean.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from _report import best_of, machine, report  # noqa: E402
+from locomesh.training.aggregators import aggregate  # noqa: E402
+
+
+def cases(k: int, previous: np.ndarray) -> list[tuple[str, str, dict]]:
+    f = max(0, (k - 3) // 2)
+    return [
+        ("mean", "mean", {}),
+        ("centered_clip (previous)", "centered_clip", {"previous": previous}),
+        ("centered_clip (median centre)", "centered_clip", {}),
+        ("coordinate_median", "coordinate_median", {}),
+        ("trimmed_mean β=0.2", "trimmed_mean", {"beta": 0.2}),
+        ("geometric_median", "geometric_median", {}),
+        (f"krum f={f}", "krum", {"f": f}),
+        (f"multi_krum f={f} m={k - f}", "multi_krum", {"f": f, "m": k - f}),
+    ]
+
+
+def contributions(k: int, numel: int) -> tuple[list[np.ndarray], np.ndarray]:
+    rng = np.random.default_rng(0)
+    common = rng.standard_normal(numel, dtype=np.float32)
+    rows = []
+    for _ in range(k):
+        row = rng.standard_normal(numel, dtype=np.float32)
+        np.add(row, common, out=row)
+        rows.append(row)
+    previous = rng.standard_normal(numel, dtype=np.float32)
+    np.add(previous, common, out=previous)
+    return rows, previous
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--numel", type=int, default=1 << 24)
+    parser.add_argument("--contributions", type=int, default=16)
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--only", default="", help="comma-separated labels' first words to run (mean always runs)")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    rows, previous = contributions(args.contributions, args.numel)
+    keys = [i.to_bytes(4, "big") for i in range(len(rows))]
+    wanted = {word for word in args.only.split(",") if word}
+    results, mean_cpu = [], None
+    for label, name, options in cases(len(rows), previous):
+        if wanted and name not in wanted and name != "mean":
+            continue
+        wall, cpu, _ = best_of(lambda: aggregate(name, rows, keys=keys, **options), args.repeats)
+        mean_cpu = mean_cpu or cpu
+        results.append(
+            {
+                "aggregator": label,
+                "wall_s": wall,
+                "cpu_s": cpu,
+                "MBps_cpu": len(rows) * args.numel * 4 / cpu / 1e6,
+                "x_mean_cpu": cpu / mean_cpu,
+            }
+        )
+    meta = {"numel": args.numel, "contributions": len(rows), "repeats": args.repeats, "threads": 1, **machine()}
+    report("aggregator_throughput", results, meta)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,188 @@
+"""The DiLoCo outer step: payloads in, θ_{r+1} out, the same bits on every peer.
+
+One call to `OuterStep.step` does, in this order:
+
+1. decode and validate every payload (`codec.decode`: header, sizes, finite
+   bounded scales, codes in range); a bad one is set aside with its author and
+   its `CodecError`, it never raises out;
+2. put the accepted contributions in the order of their authors' keys;
+3. aggregate them robustly (`aggregators.aggregate`, CenteredClip by default,
+   centred on the previous round's aggregate);
+4. cap the aggregate's norm: if ‖g‖ > cap, g ← g · float32(cap / ‖g‖);
+5. Nesterov momentum, each line one float32 ufunc:
+   m ← μ·m + g;  u ← g + μ·m (plain momentum: u ← m);  θ ← θ − lr·u.
+
+Pseudo-gradients are Δ = θ_r − θ_i, so subtracting lr·Δ moves θ towards the
+workers' models. Every operation follows `exact`'s rules, so the result (and its
+SHA-256, `params_hash`) is the same on every CPU given the same payloads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from . import aggregators, exact
+from .codec import DEFAULT_BLOCK, FP16_MAX, CodecError, decode
+from .exact import F32, params_hash
+
+__all__ = ["EmptyRoundError", "OuterConfig", "OuterResult", "OuterStep", "params_hash"]
+
+Author = bytes | str
+
+
+@dataclass(frozen=True)
+class OuterConfig:
+    """The run's outer-step hyperparameters (from its genesis manifest)."""
+
+    lr: float = 0.7
+    momentum: float = 0.9
+    nesterov: bool = True
+    aggregator: str = "centered_clip"
+    aggregator_options: Mapping[str, Any] = field(default_factory=dict)
+    max_update_norm: float | None = None  # cap on ‖aggregate‖; None: no cap
+    codec: str = "int8"
+    block_size: int = DEFAULT_BLOCK
+    max_scale: float = FP16_MAX
+
+    def __post_init__(self) -> None:
+        if self.aggregator not in aggregators.AGGREGATORS:
+            raise ValueError(f"unknown aggregator {self.aggregator!r}")
+        if not (math.isfinite(self.lr) and math.isfinite(self.momentum) and 0 <= self.momentum < 1):
+            raise ValueError("lr must be finite and momentum in [0, 1)")
+        if self.max_update_norm is not None and not self.max_update_norm > 0:
+            raise ValueError("max_update_norm must be positive")
+
+
+@dataclass
+class OuterResult:
+    """What one outer step did."""
+
+    theta: np.ndarray  # θ_{r+1} (the step's own array; the next step replaces it, never mutates it)
+    params_hash: str  # hex SHA-256 of θ_{r+1}'s little-endian float32 bytes
+    accepted: list[Author]  # in canonical (key) order
+    rejected: dict[Author, CodecError]  # author -> why their payload was refused
+    aggregate_norm: float  # ‖g‖ before the cap
+    capped: bool  # whether the cap scaled g down
+
+
+class EmptyRoundError(ValueError):
+    """No payload of the round decoded; θ and momentum are left as they were."""
+
+    def __init__(self, rejected: dict[Author, CodecError]) -> None:
+        super().__init__(f"no valid contribution this round ({len(rejected)} rejected)")
+        self.rejected = rejected
+
+
+class OuterStep:
+    """Holds θ, the momentum buffer and the previous aggregate; `step` advances them one round."""
+
+    def __init__(
+        self,
+        theta: np.ndarray,
+        config: OuterConfig | None = None,
+        *,
+        momentum_buffer: np.ndarray | None = None,
+        previous_aggregate: np.ndarray | None = None,
+        **overrides: Any,
+    ) -> None:
+        """Start from θ (copied). Keyword `overrides` set `OuterConfig` fields; other keywords are aggregator options.
+
+        `OuterStep(theta, lr=0.7, aggregator="trimmed_mean", beta=0.2)` is
+        `OuterStep(theta, OuterConfig(lr=0.7, aggregator="trimmed_mean", aggregator_options={"beta": 0.2}))`.
+        """
+        config = config or OuterConfig()
+        names = {f.name for f in dataclasses.fields(OuterConfig)}
+        settings = {key: value for key, value in overrides.items() if key in names}
+        options = {key: value for key, value in overrides.items() if key not in names}
+        if settings or options:
+            merged = {**settings.pop("aggregator_options", config.aggregator_options), **options}
+            config = dataclasses.replace(config, **settings, aggregator_options=merged)
+        self.config = config
+        self.theta = np.array(exact.as_flat_f32(theta, what="theta"), copy=True)
+        self.momentum = self._state_vector(momentum_buffer, "momentum buffer")
+        self.previous = None if previous_aggregate is None else self._state_vector(previous_aggregate, "previous aggregate")
+
+    @property
+    def numel(self) -> int:
+        return self.theta.size
+
+    def step(self, payloads: Mapping[Author, bytes], *, bucket_seed: bytes = b"") -> OuterResult:
+        """Decode, validate, aggregate, cap and apply one round's payloads (keyed by author).
+
+        Raises `EmptyRoundError` (state unchanged) if no payload decodes, and
+        `AggregatorError` (state unchanged) if the aggregator cannot work with
+        what is left (e.g. Krum with too few contributions).
+        """
+        contributions, rejected = self._decode_all(payloads)
+        if not contributions:
+            raise EmptyRoundError(rejected)
+        authors = sorted(contributions, key=_author_key)
+        rows = [contributions[author] for author in authors]
+        g = aggregators.aggregate(
+            self.config.aggregator,
+            rows,
+            keys=[_author_key(author) for author in authors],
+            previous=self.previous,
+            bucket_seed=bucket_seed,
+            **self.config.aggregator_options,
+        )
+        if not np.isfinite(g).all():  # cannot happen with decoded inputs; never apply it if it did
+            raise aggregators.AggregatorError("the aggregate is not finite")
+        g, g_norm, capped = self._cap(g)
+        self._apply(g)
+        self.previous = g
+        return OuterResult(self.theta, params_hash(self.theta), authors, rejected, g_norm, capped)
+
+    def _decode_all(self, payloads: Mapping[Author, bytes]) -> tuple[dict[Author, np.ndarray], dict[Author, CodecError]]:
+        decoded, rejected = {}, {}
+        for author, payload in payloads.items():
+            try:
+                decoded[author] = decode(
+                    payload,
+                    self.numel,
+                    modes=(self.config.codec,),
+                    block_size=None if self.config.codec == "fp32" else self.config.block_size,
+                    max_scale=self.config.max_scale,
+                )
+            except CodecError as error:
+                rejected[author] = error
+        return decoded, rejected
+
+    def _cap(self, g: np.ndarray) -> tuple[np.ndarray, float, bool]:
+        g_norm = exact.norm(g)
+        cap = self.config.max_update_norm
+        if cap is None or g_norm <= cap:
+            return g, g_norm, False
+        return exact.scale(g, cap / g_norm), g_norm, True
+
+    def _apply(self, g: np.ndarray) -> None:
+        """Nesterov (or plain) momentum and the parameter update, one float32 ufunc per operation."""
+        mu, lr = F32(self.config.momentum), F32(self.config.lr)
+        np.multiply(self.momentum, mu, out=self.momentum)
+        np.add(self.momentum, g, out=self.momentum)
+        if self.config.nesterov:
+            update = np.multiply(self.momentum, mu, dtype=F32)
+            np.add(update, g, out=update)
+        else:
+            update = self.momentum.copy()
+        np.multiply(update, lr, out=update)
+        self.theta = np.subtract(self.theta, update, dtype=F32)
+
+    def _state_vector(self, given: np.ndarray | None, what: str) -> np.ndarray:
+        if given is None:
+            return np.zeros(self.numel, dtype=F32)
+        given = exact.as_flat_f32(given, what=what)
+        if given.size != self.numel:
+            raise ValueError(f"{what} has {given.size} values, θ has {self.numel}")
+        return np.array(given, copy=True)
+
+
+def _author_key(author: Author) -> bytes:
+    """The bytes authors are ordered by: a public key as is, a name by its UTF-8 encoding."""
+    return author if isinstance(author, bytes) else author.encode("utf-8")
