@@ -150,3 +150,30 @@ CRDT_OPS = register(
 # --- rounds: commitments and pseudo-gradient payloads (added with round exchange) -----------
 
 # --- checkpoints: manifests and chunk transfer (added with checkpoint serving) ---------------
+
+# A stream of `/locomesh/ckpt/1` carries requests answered in order. A request names a checkpoint
+# (its ID) and, for a chunk, its index; the answer says ok / busy / not-found and how many raw bytes
+# follow in the next frame (the manifest or the chunk, checked by the asker against its hash).
+MAX_CKPT_CHUNKS = 65536  # = checkpoint_manifest.MAX_CHUNKS
+MAX_CKPT_PAYLOAD = 128 * MiB  # a compressed chunk (<= 2 x 64 MiB) or a manifest (<= 8 MiB)
+CKPT_GET_MANIFEST = register(MessageKind("ckpt.get-manifest", Struct({"id": _hash}), 512, run_scoped=False))
+CKPT_GET_CHUNK = register(
+    MessageKind("ckpt.get-chunk", Struct({"id": _hash, "index": Int(0, MAX_CKPT_CHUNKS - 1)}), 512, run_scoped=False)
+)
+CKPT_REPLY = register(
+    MessageKind(
+        "ckpt.reply",
+        Struct({"status": OneOf(frozenset({"ok", "busy", "not-found"})), "size": Int(0, MAX_CKPT_PAYLOAD)}),
+        512,
+        run_scoped=False,
+    )
+)
+CKPT_REQUEST_KINDS = frozenset({CKPT_GET_MANIFEST.name, CKPT_GET_CHUNK.name})
+# The data plane handshake (inside a Noise-secured libp2p stream): each side's ephemeral X25519 key;
+# the provider adds the TCP port of its data plane (0: it has none).
+CKPT_DATAPLANE_HELLO = register(
+    MessageKind("ckpt.dataplane-hello", Struct({"key": _public_key}), 512, run_scoped=False)
+)
+CKPT_DATAPLANE_OFFER = register(
+    MessageKind("ckpt.dataplane-offer", Struct({"key": _public_key, "port": Int(0, 65535)}), 512, run_scoped=False)
+)

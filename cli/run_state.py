@@ -1,0 +1,68 @@
+"""`locomesh run state RUN_ID`: the replicated state of a run, as the running daemon sees it.
+
+Calls ``run.state`` (see `locomesh.node.crdt_service`). Exit status as for the other `run`
+actions: 0 with the answer, 1 when the daemon answers with an error (a run it does not
+replicate, a malformed ID), 3 when no daemon runs on the data dir.
+
+The `run` command itself belongs to `run_cmd`; this module adds its `state` action to it, so
+it must be registered after `run_cmd` in `main._subcommand_modules()`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from .client import EXIT_ERROR, EXIT_OK, DaemonNotRunning, RpcCallError, RpcClient
+from .common import add_data_dir_argument, data_dir_of, fail, no_daemon
+
+RPC_TIMEOUT = 10.0
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    """Add `state` to the actions of the `run` command registered before us."""
+    run_parser = subparsers.choices.get("run")
+    if run_parser is None:
+        raise RuntimeError("run_state must be registered after run_cmd, which owns the `run` command")
+    actions = next(a for a in run_parser._actions if isinstance(a, argparse._SubParsersAction))
+    state = actions.add_parser("state", help="show the replicated state of a run: members, round, checkpoint")
+    state.add_argument("run_id", metavar="RUN_ID", help="the run's full ID")
+    add_data_dir_argument(state)
+    state.add_argument("--json", action="store_true", help="print JSON")
+    state.set_defaults(handler=show_state)
+
+
+def show_state(args: argparse.Namespace) -> int:
+    try:
+        client = RpcClient.for_data_dir(data_dir_of(args), timeout=RPC_TIMEOUT)
+        result = client.call("run.state", {"run_id": args.run_id})
+    except DaemonNotRunning as error:
+        return no_daemon(error)
+    except RpcCallError as error:
+        return fail(f"run.state failed: {error.message}", EXIT_ERROR)
+    print(json.dumps(result, indent=2, sort_keys=True) if args.json else format_state(result))
+    return EXIT_OK
+
+
+def format_state(state: dict[str, Any]) -> str:
+    """`run.state` as aligned "key  value" lines."""
+    checkpoint = state["checkpoint"]
+    snapshot = state["snapshot"]
+    rows = [
+        ("run id", state["run_id"]),
+        ("round", state["round"]),
+        ("members", len(state["members"])),
+        ("banned", len(state["banned"])),
+        ("checkpoint", "-" if checkpoint is None else
+         f"{checkpoint['id'][:16]} (round {checkpoint['round']}, {checkpoint['attestations']} attestations)"),
+        ("snapshot", "-" if snapshot is None else f"{snapshot['state'][:16]} ({snapshot['ops']} ops)"),
+        ("ops", state["ops"]),
+        ("heads", state["heads"]),
+        ("pending", f"{state['pending']} (waiting for {state['wanted']})"),
+    ]
+    rows += [("member", member) for member in state["members"]]
+    rows += [("banned", author) for author in state["banned"]]
+    rows += [(f"hparams.{key}", value) for key, value in sorted(state["hparams"].items())]
+    width = max(len(label) for label, _ in rows)
+    return "\n".join(f"{label:<{width}}  {value}" for label, value in rows)

@@ -1,0 +1,267 @@
+"""One replica of a run's state: the op DAG, its validation, and the materialised view.
+
+Theory of operation. `add(bytes)` is the one way in. An op is decoded and its signature
+checked once (ops.py); an op already held, applied or waiting, costs one SHA-256 and a dict
+lookup, which is the cache of verified op IDs. If all its dependencies are applied, it is
+applied now; otherwise it waits in the bounded pending buffer (pending.py) and every op it
+releases is applied in turn. Applying checks what depends on the causal past (the `seq`
+rule, evidence), records the op's facts (facts.py) and updates the heads. An op that fails
+is rejected with a `ProtocolError`, remembered by ID (bounded), and every op waiting on it is
+rejected too. No step reads a clock or depends on arrival order, so two replicas holding the
+same ops hold the same facts and `state` (view.py), whatever order the ops came in.
+
+The `seq` rule: an op's `seq` is one more than the largest `seq` among its dependencies by
+the same author, or 1 when none is by that author. An honest author always lists its own
+newest op, so its ops form one chain; two ops by one author with one `seq` are a fork, which
+the facts turn into a ban (and which `Receipt.equivocations` hands to the caller, so it can
+publish evidence for replicas that only saw one side).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+from locomesh.protocol import Identity, ProtocolError
+from locomesh.protocol.kinds import MAX_PARENTS
+
+from .evidence import guilty_author
+from .facts import Facts
+from .genesis import Genesis
+from .ops import Op, OpId, decode_op, encode_op, op_id
+from .pending import PendingBuffer
+from .view import RunState, derive
+
+MiB = 1024 * 1024
+
+
+@dataclass
+class Receipt:
+    """What one `add` did."""
+
+    id: OpId
+    duplicate: bool = False
+    applied: list[OpId] = field(default_factory=list)  # this op and every op it released
+    waiting: bool = False  # this op is parked in the pending buffer
+    evicted: list[OpId] = field(default_factory=list)  # pending ops dropped to make room
+    rejected: list[tuple[OpId, ProtocolError]] = field(default_factory=list)  # released ops found invalid
+    equivocations: list[tuple[Op, Op]] = field(default_factory=list)  # conflicting pairs seen
+
+
+class Replica:
+    def __init__(
+        self,
+        genesis: Genesis,
+        *,
+        max_pending_ops: int = 10_000,
+        max_pending_bytes: int = 32 * MiB,
+        max_rejected: int = 100_000,
+    ) -> None:
+        self.genesis = genesis
+        self.run_id = genesis.run_id
+        self.facts = Facts()
+        self.pending = PendingBuffer(max_pending_ops, max_pending_bytes)
+        self._data: dict[OpId, bytes] = {}  # applied ops we can serve (not those compacted away)
+        self._deps: dict[OpId, tuple[OpId, ...]] = {}
+        self._heads: set[OpId] = set()
+        self._rejected: OrderedDict[OpId, ProtocolError] = OrderedDict()
+        self._max_rejected = max_rejected
+        self._seen_seq: dict[tuple[bytes, int], OpId] = {}  # first op per (author, seq), applied or waiting
+        self._newest: dict[bytes, tuple[int, OpId]] = {}  # author -> its newest applied (seq, id)
+        self._state: RunState | None = None
+
+    @classmethod
+    def from_facts(cls, genesis: Genesis, facts: Facts, heads: list[OpId], **limits: int) -> Replica:
+        """A replica that starts from the facts of a snapshot instead of the ops behind them.
+
+        The covered ops count as applied (their IDs, authors, seqs and depths are in the
+        facts) but cannot be served to peers: their bytes are not here.
+        """
+        replica = cls(genesis, **limits)
+        replica.facts = facts
+        replica._heads = set(heads)
+        for op, (author, seq, _depth) in facts.ops.items():
+            replica._seen_seq.setdefault((author, seq), op)
+            if seq > replica._newest.get(author, (0, b""))[0]:
+                replica._newest[author] = (seq, op)
+        return replica
+
+    # --- reading ------------------------------------------------------------------------------
+
+    def __contains__(self, op: OpId) -> bool:
+        """Is this op applied (or covered by the snapshot we started from)?"""
+        return op in self.facts.ops
+
+    def __len__(self) -> int:
+        return len(self.facts.ops)
+
+    @property
+    def heads(self) -> list[OpId]:
+        return sorted(self._heads)
+
+    def is_rejected(self, op: OpId) -> bool:
+        """Did this op fail validation here (remembered for the last `max_rejected` failures)?"""
+        return op in self._rejected
+
+    def get(self, op: OpId) -> bytes | None:
+        return self._data.get(op)
+
+    def op_ids(self) -> frozenset[OpId]:
+        return frozenset(self.facts.ops)
+
+    def wanted(self) -> list[OpId]:
+        """Dependencies that waiting ops lack: what anti-entropy should ask peers for."""
+        return sorted(self.pending.wanted())
+
+    @property
+    def state(self) -> RunState:
+        """The materialised run state (recomputed after changes, then cached)."""
+        if self._state is None:
+            self._state = derive(self.facts, self.genesis)
+        return self._state
+
+    # --- writing ------------------------------------------------------------------------------
+
+    def add(self, data: bytes) -> Receipt:
+        """Take one op from anywhere; raise `ProtocolError` if this op is invalid.
+
+        A valid op is applied, or parked until its dependencies arrive. Ops that it releases
+        and that turn out invalid are listed in `Receipt.rejected`, not raised.
+        """
+        receipt = Receipt(op_id(data))
+        if receipt.id in self.facts.ops or receipt.id in self.pending:
+            receipt.duplicate = True
+            return receipt
+        try:
+            self._take(data, receipt)
+        except ProtocolError:
+            self._reject_waiters(receipt.id, receipt)  # ops waiting for this one can never apply
+            raise
+        return receipt
+
+    def _take(self, data: bytes, receipt: Receipt) -> None:
+        if receipt.id in self._rejected:
+            raise self._rejected[receipt.id]
+        op = self._decode(data, receipt.id)
+        self._note_seq(op, receipt)
+        if any(dep in self._rejected for dep in op.dependencies):
+            raise self._reject(op.id, ProtocolError("invalid-parent", "a dependency of this op is invalid"))
+        missing = {dep for dep in op.dependencies if dep not in self.facts.ops}
+        if missing:
+            receipt.waiting = True
+            receipt.evicted = self.pending.park(op, missing)
+            return
+        self._apply(op)  # raises for this op itself
+        receipt.applied.append(op.id)
+        self._release(op.id, receipt)
+
+    def create(self, identity: Identity, op_type: str, **fields: Any) -> bytes:
+        """Write a new op as `identity`, on top of our heads, apply it and return its bytes."""
+        author = identity.public_key
+        own = self._newest.get(author)
+        parents = self._parents_for(own[1] if own else None)
+        data = encode_op(identity, self.run_id, f"crdt.{op_type}", parents, (own[0] + 1) if own else 1, **fields)
+        receipt = self.add(data)
+        if receipt.id not in self.facts.ops:
+            raise ProtocolError("not-applied", f"our own {op_type} op did not apply")
+        return data
+
+    # --- inside -------------------------------------------------------------------------------
+
+    def _decode(self, data: bytes, expected_id: OpId) -> Op:
+        try:
+            op = decode_op(data, self.run_id)
+            self.genesis.check_author(op.author)
+            if op.type == "hparams" and op.author not in self.genesis.hparam_writers:
+                raise ProtocolError("not-writer", "only keys named at genesis may change hyperparameters")
+        except ProtocolError as error:
+            raise self._reject(expected_id, error) from None
+        return op
+
+    def _apply(self, op: Op) -> None:
+        """Check what depends on the causal past, then record the op; raise if invalid."""
+        try:
+            self._check_seq(op)
+            convicts = None
+            if op.type == "evidence":
+                convicts = guilty_author(op.body["reason"], op.body["a"], op.body["b"], self.run_id)
+        except ProtocolError as error:
+            raise self._reject(op.id, error) from None
+        depth = 1 + max((self.facts.ops[dep][2] for dep in op.dependencies), default=0)
+        self.facts.add(op, depth, convicts)
+        self._data[op.id] = op.data
+        self._deps[op.id] = op.dependencies
+        self._heads.difference_update(op.dependencies)
+        self._heads.add(op.id)
+        if op.seq > self._newest.get(op.author, (0, b""))[0]:
+            self._newest[op.author] = (op.seq, op.id)
+        self._state = None
+
+    def _check_seq(self, op: Op) -> None:
+        own = [self.facts.ops[dep][1] for dep in op.dependencies if self.facts.ops[dep][0] == op.author]
+        expected = max(own, default=0) + 1
+        if op.seq != expected:
+            raise ProtocolError("bad-seq", f"seq {op.seq} should be {expected}: one past the author's newest parent")
+
+    def _release(self, applied: OpId, receipt: Receipt) -> None:
+        """Apply every waiting op that `applied` completes, and what those complete, in turn."""
+        queue = [applied]
+        while queue:
+            for ready in self.pending.resolve(queue.pop()):
+                try:
+                    self._apply(ready)
+                except ProtocolError as error:
+                    receipt.rejected.append((ready.id, error))
+                    self._reject_waiters(ready.id, receipt)
+                    continue
+                receipt.applied.append(ready.id)
+                queue.append(ready.id)
+
+    def _reject_waiters(self, invalid: OpId, receipt: Receipt) -> None:
+        queue = [invalid]
+        while queue:
+            for op in self.pending.reject_waiters(queue.pop()):
+                error = self._reject(op.id, ProtocolError("invalid-parent", "a dependency of this op is invalid"))
+                receipt.rejected.append((op.id, error))
+                queue.append(op.id)
+
+    def _reject(self, op: OpId, error: ProtocolError) -> ProtocolError:
+        self._rejected[op] = error
+        if len(self._rejected) > self._max_rejected:
+            self._rejected.popitem(last=False)
+        return error
+
+    def _note_seq(self, op: Op, receipt: Receipt) -> None:
+        """Spot a second op at one author's `seq`: signed proof of a fork, even if it never applies."""
+        first = self._seen_seq.setdefault((op.author, op.seq), op.id)
+        if first != op.id:
+            other = self._data.get(first) or getattr(self.pending.get(first), "data", None)
+            if other is not None:
+                receipt.equivocations.append((decode_op(other, self.run_id), op))
+
+    def _parents_for(self, own_newest: OpId | None) -> list[OpId]:
+        """Our heads, at most MAX_PARENTS of them: our own newest op always, then the deepest."""
+        heads = sorted(self._heads, key=lambda h: (-self.facts.ops[h][2], h))
+        chosen = [own_newest] if own_newest is not None else []
+        chosen += [h for h in heads if h != own_newest][: MAX_PARENTS - len(chosen)]
+        return chosen
+
+    # --- for anti-entropy ---------------------------------------------------------------------
+
+    def ancestry(self, roots: list[OpId]) -> set[OpId]:
+        """`roots` we hold and all their ancestors that we hold the edges of."""
+        seen: set[OpId] = set()
+        stack = [r for r in roots if r in self.facts.ops]
+        while stack:
+            current = stack.pop()
+            if current not in seen:
+                seen.add(current)
+                stack.extend(d for d in self._deps.get(current, ()) if d not in seen)
+        return seen
+
+    def difference(self, want: list[OpId], have: list[OpId]) -> list[OpId]:
+        """Ops we can serve in the past of `want` (inclusive) and not in the past of `have`,
+        parents first (by depth, then ID)."""
+        need = self.ancestry(want) - self.ancestry(have)
+        return [i for _depth, i in sorted((self.facts.ops[i][2], i) for i in need if i in self._data)]

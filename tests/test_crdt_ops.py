@@ -1,0 +1,126 @@
+"""The op format and run IDs: what one op must be, checked without any causal past."""
+
+from __future__ import annotations
+
+import hashlib
+
+import msgpack
+import pytest
+from .test_crdt_support import H1, genesis, joined_replica, keys
+
+from locomesh.crdt import Genesis, Replica, decode_op, encode_op, op_id
+from locomesh.protocol import ProtocolError, encode
+from locomesh.protocol.runs import format_run_id, parse_run_id, run_id, short_run_id, sign_manifest
+
+ALICE, BOB, CAROL = keys(3)
+
+
+def test_run_id_is_the_hash_of_the_signed_manifest_and_has_a_short_form():
+    manifest = sign_manifest(ALICE, task="synthetic", created=5)
+    run = run_id(manifest)
+    assert run == hashlib.sha256(manifest).digest() == Genesis.from_manifest(manifest).run_id
+    text = format_run_id(run)
+    assert len(text) == 52 and text == text.lower()
+    assert short_run_id(run) == text[:16]
+    assert parse_run_id(text) == parse_run_id(text.upper()) == parse_run_id(run.hex()) == run
+    with pytest.raises(ProtocolError, match="bad-run-id"):
+        parse_run_id(text[:16])
+
+
+def test_genesis_rejects_anything_but_a_signed_manifest():
+    with pytest.raises(ProtocolError):
+        Genesis.from_manifest(encode(ALICE, "node.ping", {"nonce": b"12345678"}))
+    manifest = sign_manifest(ALICE, task="synthetic", created=5)
+    with pytest.raises(ProtocolError, match="bad-signature"):
+        Genesis.from_manifest(_forge(manifest, body__seed=1))
+
+
+def test_op_id_is_the_hash_of_the_envelope_bytes():
+    run = genesis(ALICE).run_id
+    data = encode_op(ALICE, run, "crdt.vote", [], 1, round=1, hash=H1)
+    op = decode_op(data, run)
+    assert op.id == op_id(data) == hashlib.sha256(data).digest()
+    assert (op.type, op.seq, op.author, op.parents) == ("vote", 1, ALICE.public_key, ())
+
+
+def _forge(data: bytes, **changes) -> bytes:
+    """Re-encode an op envelope with some fields changed and the old signature kept."""
+    envelope = msgpack.unpackb(data, raw=False)
+    for path, value in changes.items():
+        target = envelope
+        *outer, last = path.split("__")
+        for name in outer:
+            target = target[name]
+        target[last] = value
+    return msgpack.packb(dict(sorted(envelope.items())), use_bin_type=True)
+
+
+def _reordered(data: bytes) -> bytes:
+    """The same envelope with its map keys in reverse order: same value, non-canonical bytes."""
+    return msgpack.packb(dict(reversed(msgpack.unpackb(data, raw=False).items())), use_bin_type=True)
+
+
+@pytest.mark.parametrize(
+    "mutate, code",
+    [
+        (lambda d, run: _forge(d, body__round=2), "bad-signature"),  # changed after signing
+        (lambda d, run: _forge(d, author=BOB.public_key), "bad-signature"),  # claimed by another key
+        (lambda d, run: d + b"\x00", "trailing-bytes"),
+        (lambda d, run: d[:-1], "malformed"),
+        (lambda d, run: _reordered(d), "non-canonical"),
+        (lambda d, run: encode(ALICE, "crdt.vote", {"parents": [], "seq": 1, "round": 1, "hash": H1}, run=b"\x01" * 32),
+         "wrong-run"),
+        (lambda d, run: encode(ALICE, "node.ping", {"nonce": b"12345678"}), "unexpected-kind"),
+        (lambda d, run: encode(ALICE, "crdt.vote", {"parents": [H1, b"\x00" * 32], "seq": 1, "round": 1, "hash": H1},
+                               run=run), "bad-op"),  # parents not sorted: one op would have two IDs
+        (lambda d, run: encode(ALICE, "crdt.vote", {"parents": [H1] * 2, "seq": 1, "round": 1, "hash": H1},
+                               run=run), "bad-op"),
+        (lambda d, run: _forge(d, body__round=0), "bad-field"),  # round 0 is the genesis: nobody votes for it
+        (lambda d, run: _forge(d, body__parents=[bytes([i]) * 32 for i in range(200)]), "too-large"),
+    ],
+)
+def test_bad_ops_are_rejected_with_a_typed_error(mutate, code):
+    run = genesis(ALICE).run_id
+    good = encode_op(ALICE, run, "crdt.vote", [], 1, round=1, hash=H1)
+    bad = mutate(good, run)
+    with pytest.raises(ProtocolError) as caught:
+        decode_op(bad, run)
+    assert caught.value.code == code
+
+
+def test_too_many_parents_and_oversized_blobs_are_rejected():
+    run = genesis(ALICE).run_id
+    parents = sorted(hashlib.sha256(bytes([i])).digest() for i in range(65))
+    body = {"parents": parents, "seq": 1, "round": 1, "hash": H1}
+    with pytest.raises(ProtocolError, match="bad-field"):
+        encode(ALICE, "crdt.vote", body, run=run)  # our own encoder refuses too
+    with pytest.raises(ProtocolError, match="too-large"):
+        decode_op(b"\x00" * 100_000, run)
+
+
+def test_admission_and_hparam_writers_are_enforced_per_op():
+    closed = genesis(ALICE, allowlist=[BOB.public_key])
+    replica = Replica(closed)
+    replica.create(ALICE, "join", round=1)  # the creator is always admitted
+    replica.create(BOB, "join", round=1)
+    intruder = encode_op(CAROL, closed.run_id, "crdt.join", [], 1, round=1)
+    with pytest.raises(ProtocolError, match="not-admitted"):
+        replica.add(intruder)
+    with pytest.raises(ProtocolError, match="not-writer"):
+        replica.create(BOB, "hparams", round=2, changes={"outer_lr": 9.0})
+    replica.create(ALICE, "hparams", round=2, changes={"outer_lr": 0.5})
+    assert replica.state.hparam_schedule == ((2, {"outer_lr": 0.5}),)
+    assert sorted(replica.state.members) == sorted([ALICE.public_key, BOB.public_key])
+
+
+def test_seq_must_extend_the_authors_own_chain():
+    replica = joined_replica([ALICE, BOB])
+    run = replica.run_id
+    alice_join = min(replica.op_ids(), key=lambda i: replica.facts.ops[i][2])
+    parents = replica.heads + [alice_join]  # an honest author lists its own newest op
+    for wrong_seq in (1, 3):  # the join at seq 1 is among the parents, so 2 is the only right value
+        bad = encode_op(ALICE, run, "crdt.vote", parents, wrong_seq, round=1, hash=H1)
+        with pytest.raises(ProtocolError, match="bad-seq"):
+            replica.add(bad)
+    good = encode_op(ALICE, run, "crdt.vote", parents, 2, round=1, hash=H1)
+    assert replica.add(good).applied == [op_id(good)]
