@@ -28,6 +28,7 @@ from multiaddr import Multiaddr
 
 from locomesh.protocol import Identity
 
+from .checkpoint_service import CheckpointService
 from .config import NodeConfig
 from .datadir import DataDir, RpcInfo
 from .ping import PingService
@@ -47,8 +48,8 @@ ServiceFactory = Callable[[NodeConfig], Sequence[Service]]
 
 
 def default_services(config: NodeConfig) -> list[Service]:
-    """The services every daemon runs (later issues add CRDT sync, checkpoints, rounds)."""
-    return [PingService(), RunRegistryService(config.data_dir)]
+    """The services every daemon runs (later issues add CRDT sync and rounds)."""
+    return [PingService(), RunRegistryService(config.data_dir), CheckpointService(config.data_dir / "checkpoints")]
 
 
 def run_daemon(config: NodeConfig, *, services: ServiceFactory = default_services) -> int:

@@ -1,0 +1,336 @@
+"""Downloading a checkpoint from several providers: the trio layer around `DownloadSchedule`.
+
+`download_checkpoint` fetches the manifest (from the first provider whose
+answer hashes to the requested ID), works out which chunks are missing from
+the local store (so an interrupted download resumes where it stopped), and
+runs `max_window` workers per provider inside one nursery. Each worker holds
+one stream to its provider (`ProviderSession`), asks the schedule for a chunk,
+fetches it, verifies and stores it (`store_chunk`, in a thread: hashing and
+fsync are not for the event loop), and reports the outcome. When every chunk
+is stored, the manifest is written last, atomically: only then can the
+checkpoint be loaded.
+
+Every request has a timeout (`REQUEST_TIMEOUT` per frame); a provider that
+vanishes costs its in-flight chunks a timeout each, then they are fetched
+elsewhere. A provider whose chunk fails its hash gets a strike in the node's
+`PeerScores` as well as in this download's schedule.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import trio
+from libp2p.peer.id import ID
+from multiaddr import Multiaddr
+
+from locomesh.protocol import ProtocolError
+from locomesh.training.checkpoint_manifest import MAX_MANIFEST_SIZE, CheckpointError, Manifest, read_manifest
+
+from . import checkpoint_wire as wire
+from .dataplane import open_sealed_stream
+from .download_schedule import DownloadSchedule, Outcome
+from .peer_scores import PeerScores
+from .runtime import DialError, Node
+from .streams import close_quietly, error_code, reset_quietly
+
+logger = logging.getLogger(__name__)
+
+REQUEST_TIMEOUT = 30.0  # per frame; generous, as a provider's first request may load its store module
+BUSY_BACKOFF = 0.2
+MAX_WINDOW = 4
+TRANSPORTS = ("auto", "dataplane", "libp2p")
+
+
+class DownloadError(Exception):
+    """A checkpoint could not be downloaded (no valid manifest, or a chunk no provider would serve)."""
+
+
+def checkpoint_store() -> ModuleType:
+    """`locomesh.training.checkpoint`, imported on first use: it pulls in torch, which a daemon
+    must not load at start-up (see `node.debug`), so callers run this in a thread."""
+    return importlib.import_module("locomesh.training.checkpoint")
+
+
+@dataclass
+class DownloadProgress:
+    """What a download has done so far (shown by RPC and in `node.status`)."""
+
+    checkpoint_id: bytes
+    state: str = "manifest"  # manifest -> chunks -> done | failed | cancelled
+    chunks_total: int = 0
+    chunks_stored: int = 0  # including the ones stored before (a resumed download)
+    chunks_fetched: int = 0  # fetched by this download
+    bytes_fetched: int = 0
+    error: str | None = None
+    providers: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.checkpoint_id.hex(), "state": self.state, "chunks_total": self.chunks_total,
+            "chunks_stored": self.chunks_stored, "chunks_fetched": self.chunks_fetched,
+            "bytes_fetched": self.bytes_fetched, "error": self.error, "providers": self.providers,
+        }
+
+
+class ProviderSession:
+    """One stream to one provider, opened on first use and reopened after a failure.
+
+    `transport`: ``"dataplane"`` (sealed TCP, see `dataplane`), ``"libp2p"``
+    (a Yamux stream), or ``"auto"``: the data plane, falling back to libp2p
+    for good if the provider has none or it cannot be reached.
+    """
+
+    def __init__(self, node: Node, peer_id: str, address: Multiaddr | None, transport: str = "auto") -> None:
+        if transport not in TRANSPORTS:
+            raise ValueError(f"transport must be one of {TRANSPORTS}, not {transport!r}")
+        self.node, self.peer_id, self.address, self.transport = node, peer_id, address, transport
+        self._stream: Any = None
+
+    def sibling(self) -> ProviderSession:
+        """Another session to the same provider (its own stream), keeping what this one learned."""
+        return ProviderSession(self.node, self.peer_id, self.address, self.transport)
+
+    async def _open(self) -> Any:
+        if self.transport != "libp2p":
+            try:
+                return await open_sealed_stream(self.node, self.peer_id, host_hint=_host_of(self.address))
+            except (ProtocolError, DialError, OSError, trio.TooSlowError) as error:
+                if self.transport == "dataplane":
+                    raise
+                logger.info("no data plane to %s (%s); using libp2p streams", self.peer_id, error)
+                self.transport = "libp2p"
+        return await self.node.open_stream(self.peer_id, [wire.PROTOCOL_ID])
+
+    async def ask(self, checkpoint_id: bytes, index: int | None, *, max_size: int) -> wire.Reply:
+        """One request and its answer; any failure resets the stream and propagates."""
+        try:
+            if self._stream is None:
+                if self.address is not None and self.peer_id not in self.node.peers:
+                    # The address we were given wins over any the peerstore kept: a provider
+                    # that restarted listens elsewhere, and py-libp2p would dial only the old one.
+                    self.node.host.get_peerstore().clear_addrs(ID.from_base58(self.peer_id))
+                    self.node._forget_failed_dials(self.peer_id)  # and py-libp2p's 60 s refusal after a failed dial
+                    await self.node.connect(self.address)
+                self._stream = await self._open()
+            return await wire.ask(
+                self._stream, self.node.identity, self.peer_id, checkpoint_id, index,
+                max_size=max_size, timeout=REQUEST_TIMEOUT,
+            )
+        except BaseException:
+            await self.close(reset=True)
+            raise
+
+    async def close(self, *, reset: bool = False) -> None:
+        stream, self._stream = self._stream, None
+        if stream is not None:
+            with trio.CancelScope(shield=True):  # bounded: both give up after a short timeout
+                await (reset_quietly(stream) if reset else close_quietly(stream))
+
+
+def _host_of(address: Multiaddr | None) -> str | None:
+    for protocol in ("ip4", "ip6"):
+        try:
+            return address.value_for_protocol(protocol) if address is not None else None
+        except Exception:  # noqa: BLE001 - the address has no such part
+            continue
+    return None
+
+
+def parse_provider(provider: str) -> tuple[str, Multiaddr | None]:
+    """A provider given as a peer ID, or as a multiaddr ending in ``/p2p/<peer id>``: (peer ID, address)."""
+    if not provider.startswith("/"):
+        return _checked_peer_id(provider), None
+    try:
+        address = Multiaddr(provider)
+        peer_id = address.value_for_protocol("p2p")
+    except Exception as error:  # noqa: BLE001 - multiaddr raises many types for bad input
+        raise ValueError(f"{provider!r} is not a multiaddr ending in /p2p/<peer id>: {error}") from None
+    return _checked_peer_id(peer_id), address
+
+
+def _checked_peer_id(peer_id: str) -> str:
+    try:
+        ID.from_base58(peer_id)
+    except Exception:  # noqa: BLE001 - base58 and multihash errors of several types
+        raise ValueError(f"{peer_id[:80]!r} is not a peer ID") from None
+    return peer_id
+
+
+async def download_checkpoint(
+    node: Node,
+    directory: Path,
+    checkpoint_id: bytes,
+    providers: Sequence[str],
+    *,
+    scores: PeerScores,
+    progress: DownloadProgress,
+    max_window: int = MAX_WINDOW,
+    transport: str = "auto",
+) -> Manifest:
+    """Download checkpoint `checkpoint_id` into the store at `directory` from `providers`; return its manifest.
+
+    Raises `DownloadError` when it cannot finish; chunks already verified stay
+    stored, so a later call resumes. Cancelling it leaves the store consistent.
+    """
+    store = await trio.to_thread.run_sync(checkpoint_store)
+    local = await trio.to_thread.run_sync(_installed_manifest, store, directory, checkpoint_id)
+    if local is not None:
+        progress.state, progress.chunks_total = "done", len(local.chunks)
+        progress.chunks_stored = len(local.chunks)
+        return local
+    sessions = {
+        peer: ProviderSession(node, peer, address, transport) for peer, address in map(parse_provider, providers)
+    }
+    try:
+        manifest = await _fetch_manifest(sessions, checkpoint_id, scores)
+        missing = await trio.to_thread.run_sync(store.missing_chunks, directory, manifest)
+        progress.state, progress.chunks_total = "chunks", len(manifest.chunks)
+        progress.chunks_stored = len(manifest.chunks) - len(missing)
+        wanted = {index: manifest.chunks[index].size for index in missing}
+        schedule = DownloadSchedule(wanted, list(sessions), max_window=max_window)
+        await _ChunkFetcher(store, directory, manifest, schedule, sessions, scores, progress).run()
+        await trio.to_thread.run_sync(_install, store, directory, manifest)
+        progress.state = "done"
+        return manifest
+    finally:
+        for session in sessions.values():
+            await session.close()
+
+
+async def _fetch_manifest(sessions: dict[str, ProviderSession], checkpoint_id: bytes, scores: PeerScores) -> Manifest:
+    """The manifest from the first provider that has it and sends bytes hashing to `checkpoint_id`."""
+    problems = []
+    for peer, session in sessions.items():
+        try:
+            reply = await session.ask(checkpoint_id, None, max_size=MAX_MANIFEST_SIZE)
+            if reply.status == wire.OK:
+                return read_manifest(reply.payload, expected_id=checkpoint_id)
+            problems.append(f"{peer}: {reply.status}")
+        except CheckpointError as error:
+            scores.strike(peer, f"manifest: {error.reason}")
+            problems.append(f"{peer}: {error}")
+        except Exception as error:  # noqa: BLE001 - classified; bugs re-raised
+            if error_code(error) == "internal" and not isinstance(error, DialError):
+                raise
+            problems.append(f"{peer}: {error}")
+    raise DownloadError(f"no provider gave the manifest of {checkpoint_id.hex()}: {'; '.join(problems) or 'none given'}")
+
+
+def _installed_manifest(store: ModuleType, directory: Path, checkpoint_id: bytes) -> Manifest | None:
+    """The manifest of `checkpoint_id` if it is installed here with all its chunks, else None."""
+    try:
+        manifest = read_manifest(store.manifest_path(directory, checkpoint_id).read_bytes(), expected_id=checkpoint_id)
+    except (OSError, CheckpointError):
+        return None
+    return None if store.missing_chunks(directory, manifest) else manifest
+
+
+def _install(store: ModuleType, directory: Path, manifest: Manifest) -> None:
+    """Make the checkpoint loadable: every chunk is there, then the manifest is written (atomically)."""
+    still_missing = store.missing_chunks(directory, manifest)
+    if still_missing:
+        raise DownloadError(f"chunks {still_missing[:8]} vanished from the store before install")
+    from locomesh.protocol.files import atomic_write
+
+    atomic_write(store.manifest_path(directory, manifest.id), manifest.encode())
+
+
+class _ChunkFetcher:
+    """The workers of one download, and the event that wakes them when the schedule changes."""
+
+    def __init__(
+        self, store: ModuleType, directory: Path, manifest: Manifest, schedule: DownloadSchedule,
+        sessions: dict[str, ProviderSession], scores: PeerScores, progress: DownloadProgress,
+    ) -> None:
+        self.store, self.directory, self.manifest, self.schedule = store, directory, manifest, schedule
+        self.sessions, self.scores, self.progress = sessions, scores, progress
+        self._changed = trio.Event()
+
+    async def run(self) -> None:
+        async with trio.open_nursery() as nursery:
+            for peer in self.sessions:
+                # The first worker reuses the manifest's stream; the others open their own.
+                workers = [self.sessions[peer]] + [
+                    self.sessions[peer].sibling() for _ in range(self.schedule.max_window - 1)
+                ]
+                for session in workers:
+                    nursery.start_soon(self._worker, peer, session)
+            while not self.schedule.finished:
+                await self._changed.wait()
+            nursery.cancel_scope.cancel()
+        self._show_providers()
+        failure = self.schedule.failure()
+        if failure is not None:
+            raise DownloadError(failure)
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+        self._show_providers()
+
+    async def _worker(self, peer: str, session: ProviderSession) -> None:
+        try:
+            while not self.schedule.finished:
+                index = self.schedule.next_chunk(peer)
+                if index is None:
+                    if self.schedule.peers[peer].dropped is not None:
+                        return
+                    await self._changed.wait()
+                    continue
+                started = trio.current_time()
+                outcome = await self._fetch(peer, session, index)
+                self.schedule.record(peer, index, outcome, seconds=trio.current_time() - started)
+                self._notify()
+                if outcome is Outcome.BUSY:
+                    await trio.sleep(BUSY_BACKOFF)
+        finally:
+            if session is not self.sessions[peer]:
+                await session.close()
+
+    async def _fetch(self, peer: str, session: ProviderSession, index: int) -> Outcome:
+        """Fetch, verify and store chunk `index` from `peer`; what became of it."""
+        size = self.manifest.chunks[index].size
+        try:
+            reply = await session.ask(self.manifest.id, index, max_size=size)
+        except ProtocolError as error:
+            if error.code == "too-large":  # it offered more bytes than the chunk has: a lie
+                return self._bad(peer, index, error.reason)
+            return self._failed(peer, index, error)
+        except Exception as error:  # noqa: BLE001 - classified; bugs re-raised
+            if error_code(error) == "internal" and not isinstance(error, DialError):
+                raise
+            return self._failed(peer, index, error)
+        if reply.status != wire.OK:
+            return Outcome.BUSY if reply.status == wire.BUSY else Outcome.NOT_FOUND
+        try:
+            await trio.to_thread.run_sync(self.store.store_chunk, self.directory, self.manifest, index, reply.payload)
+        except CheckpointError as error:
+            return self._bad(peer, index, error.reason)
+        self.progress.chunks_fetched += 1
+        self.progress.bytes_fetched += size
+        self.scores.reward(peer)
+        return Outcome.STORED
+
+    def _bad(self, peer: str, index: int, reason: str) -> Outcome:
+        logger.warning("chunk %d from %s failed verification: %s", index, peer, reason)
+        self.scores.strike(peer, f"chunk {index}: {reason}")
+        return Outcome.BAD
+
+    def _failed(self, peer: str, index: int, error: BaseException) -> Outcome:
+        logger.info("chunk %d from %s failed: %s", index, peer, error)
+        return Outcome.FAILED
+
+    def _show_providers(self) -> None:
+        self.progress.chunks_stored = self.progress.chunks_total - len(self.schedule.wanted) + self.schedule.stored
+        self.progress.providers = {
+            peer: {"stored": state.stored, "strikes": state.strikes, "window": self.schedule.window(peer),
+                   "rate_mb_s": round(state.rate / 1e6, 1), "dropped": state.dropped}
+            for peer, state in self.schedule.peers.items()
+        }

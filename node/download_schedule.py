@@ -1,0 +1,236 @@
+"""Which provider fetches which chunk: the sans-IO scheduler of a checkpoint download.
+
+Theory of operation
+-------------------
+A download wants a set of chunks (those not stored yet, so a resumed download
+asks only for the rest) from a list of providers. Nothing here does I/O: the
+trio layer (`checkpoint_download`) runs a few workers per provider, each asks
+`next_chunk(provider)` for work, fetches it, verifies it, and reports the
+`Outcome` with `record(...)`. The schedule decides:
+
+* **Pull, not push.** Chunks wait in one queue; a provider's worker takes the
+  next one when the provider has room in its *window* (requests in flight).
+  A fast provider comes back for work sooner, so it takes more chunks: this
+  is work stealing from a shared queue.
+* **A slow provider gets fewer.** Each provider's window is its share of the
+  best observed rate (bytes/s, smoothed), between 1 and `max_window`, and is
+  halved by failures and "busy" answers (AIMD: it grows by one per success).
+* **Endgame.** When the queue is empty, an idle provider may duplicate a chunk
+  that one other provider is still fetching; the first verified copy wins,
+  the later answer is ignored. A vanished provider cannot hold the tail back.
+* **Liars lose.** A chunk that fails its hash check is a *strike* for the
+  provider, goes back to the front of the queue, and is never asked of that
+  provider again; after `max_strikes` strikes the provider is dropped from
+  this download. "not-found" excludes the provider for that chunk only.
+  `max_failures` failures in a row (timeouts, broken streams) drop it too,
+  and so do `max_busy` "busy" answers in a row (a provider that never has room).
+* **The end.** `finished` when every wanted chunk is stored (`done`), or when
+  nothing is in flight and no remaining provider may fetch any chunk still
+  wanted; `failure()` then says which chunk could not be had. Chunks that can
+  be stored are stored first, so a retry with other providers resumes.
+
+Chunk transitions (a chunk is queued, in flight at one or more providers, or stored)::
+
+    event       from        to                         effect on the provider
+    ---------   ---------   ------------------------   ---------------------------------
+    assign      queued      in flight                  in_flight + 1
+    assign      in flight   in flight (endgame copy)   in_flight + 1
+    stored      in flight   stored                     window + 1, rate updated
+    bad         in flight   queued (front), excluded   strike; dropped at max_strikes
+    failed      in flight   queued (front)             window halved; dropped after max_failures in a row
+    busy        in flight   queued (front)             window halved; dropped after max_busy in a row
+    not-found   in flight   queued (front), excluded   none
+    (any)       stored      stored                     a late endgame copy: ignored
+
+(a chunk still in flight at another provider stays in flight instead of being queued).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import deque
+from dataclasses import dataclass, field
+
+
+class Outcome(enum.Enum):
+    STORED = "stored"  # verified against its hash and stored
+    BAD = "bad"  # arrived, but failed verification: the provider lied
+    FAILED = "failed"  # timeout, broken stream, unreachable provider
+    BUSY = "busy"  # the provider is at its upload limit
+    NOT_FOUND = "not-found"  # the provider does not have it
+
+
+class _Chunk(enum.Enum):
+    QUEUED = "queued"
+    IN_FLIGHT = "in flight"
+    STORED = "stored"
+
+
+# (chunk state, outcome) -> chunk state when no other provider still has the chunk in flight.
+TRANSITIONS: dict[tuple[_Chunk, Outcome], _Chunk] = {
+    (_Chunk.IN_FLIGHT, Outcome.STORED): _Chunk.STORED,
+    (_Chunk.IN_FLIGHT, Outcome.BAD): _Chunk.QUEUED,
+    (_Chunk.IN_FLIGHT, Outcome.FAILED): _Chunk.QUEUED,
+    (_Chunk.IN_FLIGHT, Outcome.BUSY): _Chunk.QUEUED,
+    (_Chunk.IN_FLIGHT, Outcome.NOT_FOUND): _Chunk.QUEUED,
+    **{(_Chunk.STORED, outcome): _Chunk.STORED for outcome in Outcome},
+}
+_EXCLUDING = frozenset({Outcome.BAD, Outcome.NOT_FOUND})  # never ask that provider for that chunk again
+_RATE_SMOOTHING = 0.3
+
+
+@dataclass
+class ProviderState:
+    """What the schedule knows of one provider during this download."""
+
+    peer_id: str
+    cap: int  # AIMD part of the window: halved on failure/busy, +1 per success
+    in_flight: int = 0
+    stored: int = 0
+    strikes: int = 0
+    failures_in_a_row: int = 0
+    busy_in_a_row: int = 0
+    rate: float = 0.0  # bytes/s, smoothed; 0 until its first chunk
+    dropped: str | None = None  # why it was dropped, or None while active
+
+
+@dataclass
+class DownloadSchedule:
+    """The schedule for `wanted` chunks (index -> compressed size) from `providers`."""
+
+    wanted: dict[int, int]
+    providers: list[str]
+    max_window: int = 4
+    max_strikes: int = 3
+    max_failures: int = 3
+    max_busy: int = 25
+    _queue: deque[int] = field(init=False)
+    _state: dict[int, _Chunk] = field(init=False)
+    _holders: dict[int, set[str]] = field(init=False)  # chunk -> providers it is in flight at
+    _excluded: dict[int, set[str]] = field(init=False)
+    peers: dict[str, ProviderState] = field(init=False)
+    stored: int = field(init=False, default=0)
+
+    def __post_init__(self) -> None:
+        if min(self.max_window, self.max_strikes, self.max_failures, self.max_busy) < 1:
+            raise ValueError("max_window, max_strikes, max_failures and max_busy must be at least 1")
+        self._queue = deque(sorted(self.wanted))
+        self._state = {index: _Chunk.QUEUED for index in self.wanted}
+        self._holders = {index: set() for index in self.wanted}
+        self._excluded = {index: set() for index in self.wanted}
+        self.peers = {peer: ProviderState(peer, cap=self.max_window) for peer in dict.fromkeys(self.providers)}
+
+    # --- questions -------------------------------------------------------------------------
+
+    @property
+    def done(self) -> bool:
+        return self.stored == len(self.wanted)
+
+    def failure(self) -> str | None:
+        """Why the download cannot finish, or None while it can (or is done)."""
+        active = [peer for peer, state in self.peers.items() if state.dropped is None]
+        for index, state in self._state.items():
+            if state is _Chunk.STORED or self._holders[index]:
+                continue
+            if not any(peer not in self._excluded[index] for peer in active):
+                return f"no remaining provider can serve chunk {index}" if active else "every provider was dropped"
+        return None
+
+    @property
+    def finished(self) -> bool:
+        """Done, or nothing left that any remaining provider may fetch (chunks that can be stored are stored first)."""
+        if self.done:
+            return True
+        if any(self._holders.values()):
+            return False
+        active = [peer for peer, state in self.peers.items() if state.dropped is None]
+        return not any(
+            state is _Chunk.QUEUED and any(peer not in self._excluded[index] for peer in active)
+            for index, state in self._state.items()
+        )
+
+    def window(self, peer_id: str) -> int:
+        """How many requests `peer_id` may have in flight: its share of the best rate, within its AIMD cap."""
+        peer = self.peers[peer_id]
+        best = max(state.rate for state in self.peers.values())
+        share = self.max_window if peer.rate == 0 or best == 0 else round(self.max_window * peer.rate / best)
+        return max(1, min(peer.cap, share))
+
+    # --- transitions -----------------------------------------------------------------------
+
+    def next_chunk(self, peer_id: str) -> int | None:
+        """A chunk for `peer_id` to fetch now (it is then in flight there), or None: no room or no work."""
+        peer = self.peers[peer_id]
+        if peer.dropped is not None or peer.in_flight >= self.window(peer_id):
+            return None
+        index = self._from_queue(peer_id)
+        if index is None:
+            index = self._endgame_copy(peer_id)
+        if index is not None:
+            self._state[index] = _Chunk.IN_FLIGHT
+            self._holders[index].add(peer_id)
+            peer.in_flight += 1
+        return index
+
+    def record(self, peer_id: str, index: int, outcome: Outcome, *, seconds: float = 0.0) -> None:
+        """Apply what became of `peer_id`'s request for chunk `index` (assigned by `next_chunk`)."""
+        peer = self.peers[peer_id]
+        if peer_id not in self._holders[index]:
+            raise ValueError(f"chunk {index} is not in flight at {peer_id}")
+        self._holders[index].discard(peer_id)
+        peer.in_flight -= 1
+        before = self._state[index]
+        self._update_peer(peer, outcome, self.wanted[index], seconds)
+        if outcome in _EXCLUDING:
+            self._excluded[index].add(peer_id)
+        after = TRANSITIONS[(before, outcome)]
+        if after is _Chunk.QUEUED and self._holders[index]:
+            after = _Chunk.IN_FLIGHT  # another provider is still fetching it
+        if after is _Chunk.QUEUED:
+            self._queue.appendleft(index)
+        if after is _Chunk.STORED and before is not _Chunk.STORED:
+            self.stored += 1
+        self._state[index] = after
+
+    def _update_peer(self, peer: ProviderState, outcome: Outcome, size: int, seconds: float) -> None:
+        peer.busy_in_a_row = peer.busy_in_a_row + 1 if outcome is Outcome.BUSY else 0
+        if outcome is Outcome.STORED:
+            peer.stored += 1
+            peer.failures_in_a_row = 0
+            peer.cap = min(self.max_window, peer.cap + 1)
+            if seconds > 0:
+                sample = size / seconds
+                peer.rate = sample if peer.rate == 0 else (1 - _RATE_SMOOTHING) * peer.rate + _RATE_SMOOTHING * sample
+        elif outcome is Outcome.BAD:
+            peer.strikes += 1
+            peer.cap = 1
+            if peer.strikes >= self.max_strikes:
+                peer.dropped = f"{peer.strikes} chunks failed verification"
+        elif outcome is Outcome.FAILED:
+            peer.failures_in_a_row += 1
+            peer.cap = max(1, peer.cap // 2)
+            if peer.failures_in_a_row >= self.max_failures:
+                peer.dropped = f"{peer.failures_in_a_row} requests in a row failed"
+        elif outcome is Outcome.BUSY:
+            peer.cap = max(1, peer.cap // 2)
+            if peer.busy_in_a_row >= self.max_busy:
+                peer.dropped = f"busy {peer.busy_in_a_row} times in a row"
+
+    def _from_queue(self, peer_id: str) -> int | None:
+        """The first queued chunk `peer_id` may serve (skipping, not losing, the ones it may not)."""
+        for position, index in enumerate(self._queue):
+            if self._state[index] is _Chunk.QUEUED and peer_id not in self._excluded[index]:
+                del self._queue[position]
+                return index
+        return None
+
+    def _endgame_copy(self, peer_id: str) -> int | None:
+        """With the queue empty: a chunk in flight at exactly one other provider that `peer_id` may serve."""
+        if any(state is _Chunk.QUEUED for state in self._state.values()):
+            return None
+        for index, holders in self._holders.items():
+            if self._state[index] is not _Chunk.IN_FLIGHT or peer_id in self._excluded[index]:
+                continue
+            if len(holders) == 1 and peer_id not in holders:
+                return index
+        return None
