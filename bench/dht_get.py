@@ -6,18 +6,23 @@ Every host is built by `locomesh.node.host.build_host` (TCP, Noise, Yamux, one
 connection per peer) and runs a `locomesh.dht.discovery.Discovery` (our
 validators on every node); all bootstrap off host 0 and refresh their routing
 tables. Each host then publishes one public run manifest, and every host gets
-every other host's run by ID. Before each get the getter's own copy is
-dropped, so each get crosses the network (with 16 nodes and 20 replicas a
-put reaches every node). Variants:
+every other host's run by ID. During each get the getter's own copy is set
+aside (and put back after), so each get crosses the network; with 16 nodes
+and 20 replicas a put reaches every node, so the first peer asked holds the
+value. Variants:
 
 * ``py-libp2p get_value``: the stock `KadDHT.get_value` (a FIND_NODE walk, then
   GET_VALUE to every candidate, then write-back to close peers lacking it);
-* ``lookup_values``: `LocomeshKadDHT.lookup_values` (GET_VALUE to the closest
-  known peers, 3 at a time, returns at the first valid value);
+* ``lookup_values``: `LocomeshKadDHT.lookup_values` (GET_VALUE over kept-open
+  streams to the closest known peers, returns at the first valid value,
+  which it re-validates): 3 asks at once, 1 at a time, and the default
+  (3, hedged: the 2nd and 3rd go out only after 50 ms or a miss);
 
-and, to show where the time of one get goes, the cost of opening a stream
-to a connected peer (multistream-select), of one GET_VALUE round trip on it,
-and of re-validating the value (decode, canonical check, Ed25519 verify).
+then the default again with every copy but the owner's dropped (a walk of
+several hops); and, to show where the time of one get goes, the cost of opening a stream
+to a connected peer (multistream-select), of one GET_VALUE round trip on a
+kept stream, and of re-validating the value (decode, canonical check,
+Ed25519 verify).
 
 All hosts share one Python process and one trio loop: a remote peer's
 handling is on the same CPU as the asker, so latencies include both ends.
@@ -57,18 +62,23 @@ async def main(nodes: int, seed: int) -> None:
         for host in hosts:
             stack.push_async_callback(host.close)
             await stack.enter_async_context(host.run(listen_addrs=[LOOPBACK]))
-        peers = [Discovery(host, identity, rng=random.Random(seed + index)) for index, (host, identity) in enumerate(zip(hosts, identities))]
+        peers = [
+            Discovery(host, identity, rng=random.Random(seed + index))
+            for index, (host, identity) in enumerate(zip(hosts, identities))
+        ]
         async with trio.open_nursery() as nursery:
             for peer in peers:
                 await nursery.start(peer.run)
             await _bootstrap(peers)
             keys = await _publish(peers)
-            rows = [
-                await _measure("py-libp2p KadDHT.get_value", peers, keys, _stock_get),
-                await _measure("LocomeshKadDHT.lookup_values", peers, keys, _our_get),
-                await _stream_costs(peers),
-                _validation_cost(keys),
-            ]
+            rows = [await _measure("py-libp2p KadDHT.get_value (before)", peers, keys, _stock_get)]
+            for parallelism, hedge_delay in ((3, 0.0), (1, 0.0), (3, peers[0].dht.hedge_delay)):
+                for peer in peers:
+                    peer.dht.parallelism, peer.dht.hedge_delay = parallelism, hedge_delay
+                name = f"lookup_values, parallelism {parallelism}, hedge {hedge_delay * 1000:g} ms (after)"
+                rows.append(await _measure(name, peers, keys, _our_get))
+            rows.append(await _measure_single_copy(peers, keys))
+            rows += [await _stream_open_cost(peers), await _kept_stream_cost(peers, keys), _validation_cost(keys)]
             meta = {
                 "nodes": nodes,
                 "seed": seed,
@@ -112,22 +122,35 @@ async def _our_get(peer: Discovery, key: str) -> bytes | None:
 
 
 async def _measure(name: str, peers: list[Discovery], keys, get) -> dict:
-    """Every peer gets every other peer's key once, its own copy dropped first; latencies in ms."""
+    """Every peer gets every other peer's key once, its own copy set aside meanwhile; latencies in ms."""
     latencies, misses = [], 0
     for index, peer in enumerate(peers):
         for owner, key, value in keys:
             if owner == index:
                 continue
-            peer.dht.value_store.remove(key.encode())
+            store = peer.dht.value_store
+            own_copy = store.get(key.encode())
+            store.remove(key.encode())
             started = time.perf_counter()
             got = await get(peer, key)
             latencies.append((time.perf_counter() - started) * 1000)
             misses += got != value
+            if own_copy is not None:  # put back, so the replicas the next getters find stay the same
+                store.put_record(key.encode(), own_copy)
     return {"variant": name, **_summary(latencies), "misses": misses}
 
 
-async def _stream_costs(peers: list[Discovery]) -> dict:
-    """Opening a Kademlia stream to an already connected peer: the multistream-select part of a get."""
+async def _measure_single_copy(peers: list[Discovery], keys) -> dict:
+    """The default get when only the owner still holds each value (the others dropped theirs): a walk of several hops."""
+    for owner, key, _value in keys:
+        for index, peer in enumerate(peers):
+            if index != owner:
+                peer.dht.value_store.remove(key.encode())
+    return await _measure("lookup_values, default, only the owner holds it (after)", peers, keys, _our_get)
+
+
+async def _stream_open_cost(peers: list[Discovery]) -> dict:
+    """Opening a Kademlia stream to an already connected peer (multistream-select): what stock gets pay per request."""
     asker, latencies = peers[1], []
     for target in peers[2:]:
         for _ in range(5):
@@ -136,6 +159,20 @@ async def _stream_costs(peers: list[Discovery]) -> dict:
             latencies.append((time.perf_counter() - started) * 1000)
             await stream.close()
     return {"variant": "open a DHT stream (connected peer)", **_summary(latencies), "misses": 0}
+
+
+async def _kept_stream_cost(peers: list[Discovery], keys) -> dict:
+    """One GET_VALUE request and answer on a kept-open stream: the floor of one get."""
+    asker, latencies, misses = peers[1], [], 0
+    for owner, key, value in keys:
+        if owner == 1:
+            continue
+        for _ in range(5):
+            started = time.perf_counter()
+            got, _closer = await asker.dht.pool.get_value(peers[owner].host.get_id(), key.encode())
+            latencies.append((time.perf_counter() - started) * 1000)
+            misses += got != value
+    return {"variant": "one GET_VALUE on a kept stream", **_summary(latencies), "misses": misses}
 
 
 def _validation_cost(keys) -> dict:

@@ -30,7 +30,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     create = commands.add_parser("create", help="create a run and print its ID")
     create.add_argument("--task", required=True, help="the task's name")
     create.add_argument("--name", default="", help="a label for people (not unique)")
-    create.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="settings", help="a task setting (repeat)")
+    create.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", dest="settings", help="a task setting (repeat)"
+    )
     create.add_argument("--seed", type=int, help="the model's init seed (default: random)")
     create.add_argument("--public", action="store_true", help="publish the run in the DHT so anyone can find it by ID")
     create.set_defaults(handler=create_run)

@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import trio
 from libp2p.abc import IHost
@@ -50,9 +50,10 @@ SEED_INTERVAL_EMPTY = 0.2  # while the table is empty, look for DHT peers more o
 REFRESH_INTERVAL = 600.0
 REPUBLISH_INTERVAL = 3600.0  # remote nodes keep values 24 h and providers 48 h
 PEER_RECORD_TTL = 3 * 3600
-OPERATION_TIMEOUT = 30.0  # one put, get, provide or lookup, end to end
+OPERATION_TIMEOUT = 20.0  # one put, get, provide or lookup, end to end
 PEER_RECORD_QUORUM = 3  # peer records change: ask a few holders and keep the highest seq
 KAD_PROTOCOL = "/ipfs/kad/1.0.0"
+IDLE_SWEEP_INTERVAL = 5.0  # how often kept-open Kademlia streams are checked for idleness
 
 Clock = Callable[[], float]
 
@@ -87,6 +88,7 @@ class Discovery:
                 nursery.start_soon(self._seed_routing_table)
                 nursery.start_soon(self._refresh_routing_table)
                 nursery.start_soon(self._republish)
+                nursery.start_soon(self._close_idle_streams)
                 task_status.started()
 
     async def wait_seeded(self) -> None:
@@ -106,21 +108,25 @@ class Discovery:
         await self._put(key, manifest)
         await self.provide(key)
 
-    async def find_run(self, run_id: bytes) -> tuple[bytes, Envelope] | None:
-        """The run's manifest bytes and envelope, validated here, or None if no peer holds a valid one."""
-        key = records.run_key(run_id)
+    async def find_run(self, run: bytes) -> tuple[bytes, Envelope] | None:
+        """Run `run`'s manifest bytes and envelope, validated here, or None if no peer holds a valid one."""
+        key = records.run_key(run)
         values = await self._get(key, enough=1)
         return (values[0], records.validate_run_record(key, values[0])) if values else None
 
     # --- peer records ----------------------------------------------------------------------
 
-    async def publish_peer_record(self, addrs: list[str], relay_addrs: list[str] = ()) -> bytes:
+    async def publish_peer_record(self, addrs: Sequence[str], relay_addrs: Sequence[str] = ()) -> bytes:
         """Sign and put our peer record (a `seq` above any we signed before); returns its bytes."""
         self._peer_addrs = (list(addrs), list(relay_addrs))
         now = self.clock()
         self._peer_record_seq = max(self._peer_record_seq + 1, int(now * 1000))
         value = records.sign_peer_record(
-            self.identity, addrs=addrs, relay_addrs=list(relay_addrs), seq=self._peer_record_seq, expires=int(now) + PEER_RECORD_TTL
+            self.identity,
+            addrs=addrs,
+            relay_addrs=list(relay_addrs),
+            seq=self._peer_record_seq,
+            expires=int(now) + PEER_RECORD_TTL,
         )
         await self._put(records.peer_key(self.identity.peer_id), value)
         return value
@@ -191,7 +197,15 @@ class Discovery:
             await trio.sleep(delay)
             with trio.move_on_after(OPERATION_TIMEOUT):
                 await self.dht.peer_routing.refresh_routing_table()
+            # (py-libp2p's own loop, switched off in LocomeshKadDHT, expired records on this beat)
+            self.dht.value_store.cleanup_expired()
+            self.dht.provider_store.cleanup_expired()
             delay = REFRESH_INTERVAL * self.rng.uniform(0.75, 1.25)
+
+    async def _close_idle_streams(self) -> None:
+        while True:
+            await trio.sleep(IDLE_SWEEP_INTERVAL)
+            await self.dht.pool.close_idle()
 
     async def _republish(self) -> None:
         while True:

@@ -1,4 +1,4 @@
-"""py-libp2p's `KadDHT` with the lookups locomesh needs: a get that stops early, providers from the network.
+"""py-libp2p's `KadDHT` with the lookups locomesh needs: gets that stop early, walks that work on our keys.
 
 What is changed, and why (measured in ``bench/dht_get.py``):
 
@@ -7,11 +7,18 @@ What is changed, and why (measured in ``bench/dht_get.py``):
   writes the value back to every close peer that lacked it, and only then
   returns. `lookup_values` asks the closest known peers for the value
   directly (GET_VALUE answers carry closer peers too, so the lookup still
-  converges), and returns as soon as `enough` valid values are in hand. A run
-  record is bound to its key by hash, so one valid copy is enough.
+  converges), `parallelism` at a time with hedged starts, and returns as soon
+  as `enough` valid values are in hand. A run record is bound to its key by
+  hash, so one valid copy is enough.
+* Requests go over kept-open streams (`locomesh.dht.kad_client`): opening a
+  stream costs two round trips of multistream-select, more than the request.
 * A value is valid only if the caller's `validate` accepts it; a remote
   node may run no validator at all, so nothing is trusted for having come
   back from the DHT.
+* py-libp2p's servers refuse FIND_NODE for keys over 50 bytes that are not
+  multihashes, which our ``/locomesh/...`` keys are, so its `put_value` and
+  `provide` only reached the peers already in the routing table; here every
+  walk uses GET_VALUE or GET_PROVIDERS, which accept keys up to 128 bytes.
 * `KadDHT.find_providers` answers from the local store alone when it holds
   any provider, so a node that provides a key never hears of the others;
   `lookup_providers` always asks the network, and de-duplicates (py-libp2p
@@ -35,6 +42,8 @@ from libp2p.network.stream.exceptions import StreamEOF
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo
 
+from .kad_client import KadStreamPool
+
 logger = logging.getLogger(__name__)
 
 
@@ -53,8 +62,10 @@ class _CleanEofFilter(logging.Filter):
 logging.getLogger("libp2p.kad_dht.kad_dht").addFilter(_CleanEofFilter())
 
 PARALLELISM = 3  # queries in flight per lookup (Kademlia's alpha)
+HEDGE_DELAY = 0.05  # seconds before the next ask of a batch goes out anyway (see `_walk`)
 K_CLOSEST = 20  # a lookup ends when the closest K peers it knows of have all been asked
 QUERY_TIMEOUT = 5.0  # one peer's answer (dial included)
+INBOUND_STREAMS = 128  # Kademlia streams served at once (py-libp2p: 12)
 
 
 @dataclass
@@ -89,14 +100,26 @@ Ask = Callable[[ID], Awaitable[list[ID] | None]]
 
 
 class LocomeshKadDHT(KadDHT):
-    """`KadDHT` with lookups that work on our keys and stop early; maintenance is left to the caller.
+    """`KadDHT` with `lookup_values`, `put_value`, `lookup_providers` and `provide_key` as described above.
 
-    Every lookup here walks the network with GET_VALUE or GET_PROVIDERS (both
-    answer with closer peers). py-libp2p's own FIND_NODE walk is not used:
-    its servers refuse FIND_NODE keys longer than 50 bytes that are not
-    multihashes, which our ``/locomesh/...`` keys are, so `put_value` and
-    `provide` would only ever reach the peers already in the routing table.
+    Maintenance (refresh, republish, expiry) is left to the owner.
     """
+
+    def __init__(
+        self,
+        *args,
+        parallelism: int = PARALLELISM,
+        hedge_delay: float = HEDGE_DELAY,
+        inbound_streams: int = INBOUND_STREAMS,
+        **kwargs,
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self.parallelism = parallelism
+        self.hedge_delay = hedge_delay
+        self.pool = KadStreamPool(self.host)
+        # Each peer keeps a stream to us open between its requests (see kad_client), so serve
+        # more at once than py-libp2p's 12; an idle stream costs memory, not CPU.
+        self._inbound_limiter = trio.CapacityLimiter(inbound_streams)
 
     async def _run_main_loop(self) -> None:
         """Replaced: `Discovery` schedules refresh, republish and expiry itself (with jitter)."""
@@ -109,10 +132,19 @@ class LocomeshKadDHT(KadDHT):
         return sort_peer_ids_by_distance(key, local)
 
     async def _walk(self, key: bytes, ask: Ask, done: Callable[[], bool] = lambda: False) -> _Lookup:
-        """Ask the closest known peers, `PARALLELISM` at a time, until `done()` or the K closest all answered."""
+        """Ask the closest known peers in batches of `parallelism`, until `done()` or the K closest all answered.
+
+        Within a batch the asks are hedged: the first goes out at once, each
+        next one `hedge_delay` s later, or at once when an earlier ask of the
+        batch came back without finishing the lookup. When the closest peer
+        holds the value (the common case) a get costs one request, not
+        `parallelism` of them; a slow or dead peer delays it by `hedge_delay`.
+        """
         lookup = _Lookup(key, self._start_peers(key))
 
-        async def one(peer: ID, batch_scope: trio.CancelScope) -> None:
+        async def one(position: int, peer: ID, hurry: trio.Event, batch_scope: trio.CancelScope) -> None:
+            with trio.move_on_after(position * self.hedge_delay):
+                await hurry.wait()
             closer = None
             with trio.move_on_after(QUERY_TIMEOUT):
                 try:
@@ -123,11 +155,13 @@ class LocomeshKadDHT(KadDHT):
                 lookup.learn(peer, closer)
             if done():
                 batch_scope.cancel()  # the other answers are no longer needed
+            hurry.set()
 
-        while not done() and (batch := lookup.next_batch(PARALLELISM)):
+        while not done() and (batch := lookup.next_batch(self.parallelism)):
+            hurry = trio.Event()
             async with trio.open_nursery() as nursery:
-                for peer in batch:
-                    nursery.start_soon(one, peer, nursery.cancel_scope)
+                for position, peer in enumerate(batch):
+                    nursery.start_soon(one, position, peer, hurry, nursery.cancel_scope)
         return lookup
 
     # --- values ---------------------------------------------------------------------------
@@ -153,9 +187,8 @@ class LocomeshKadDHT(KadDHT):
             found.append(value)
 
         async def ask(peer: ID) -> list[ID] | None:
-            result = await self.value_store._get_from_peer(peer, key_bytes, return_record=True, return_closer_peers=True)
-            record, closer = result if isinstance(result, tuple) else (None, [])
-            accept(None if record is None else record.value)
+            value, closer = await self.pool.get_value(peer, key_bytes)
+            accept(value)
             return closer
 
         local = self.value_store.get(key_bytes)
@@ -170,8 +203,7 @@ class LocomeshKadDHT(KadDHT):
         self.value_store.put(key_bytes, value)
 
         async def ask(peer: ID) -> list[ID] | None:
-            result = await self.value_store._get_from_peer(peer, key_bytes, return_closer_peers=True)
-            return result[1] if isinstance(result, tuple) else []
+            return (await self.pool.get_value(peer, key_bytes))[1]
 
         lookup = await self._walk(key_bytes, ask)
         await self._to_each(lookup.closest_answered(), lambda peer: self.value_store._store_at_peer(peer, key_bytes, value))
@@ -188,7 +220,7 @@ class LocomeshKadDHT(KadDHT):
                     providers[info.peer_id] = info
 
         async def ask(peer: ID) -> list[ID] | None:
-            found, closer = await self.provider_store._get_providers_from_peer_with_closers(peer, key)
+            found, closer = await self.pool.get_providers(peer, key)
             add(found)
             return closer
 
@@ -203,7 +235,7 @@ class LocomeshKadDHT(KadDHT):
         store.add_provider(key, PeerInfo(self.local_peer_id, list(self.host.get_addrs())))
 
         async def ask(peer: ID) -> list[ID] | None:
-            return (await store._get_providers_from_peer_with_closers(peer, key))[1]
+            return (await self.pool.get_providers(peer, key))[1]
 
         lookup = await self._walk(key, ask)
         await self._to_each(lookup.closest_answered(), lambda peer: store._send_add_provider(peer, key))

@@ -140,7 +140,9 @@ def select_run_record(values: Sequence[bytes]) -> int:
 # --- peer records -------------------------------------------------------------------------
 
 
-def sign_peer_record(identity: Identity, *, addrs: Sequence[str], relay_addrs: Sequence[str] = (), seq: int, expires: int) -> bytes:
+def sign_peer_record(
+    identity: Identity, *, addrs: Sequence[str], relay_addrs: Sequence[str] = (), seq: int, expires: int
+) -> bytes:
     """A signed `peer.record` for `identity`: where to reach it, until `expires` (Unix seconds)."""
     body = {"addrs": list(addrs), "relay_addrs": list(relay_addrs), "seq": seq, "expires": expires}
     return encode(identity, PEER_RECORD.name, body)

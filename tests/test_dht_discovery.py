@@ -9,7 +9,7 @@ import trio
 from libp2p.peer.peerinfo import info_from_p2p_addr
 from multiaddr import Multiaddr
 
-from locomesh.dht import records
+from locomesh.dht import kad_client, records
 from locomesh.dht.discovery import Discovery
 from locomesh.node.host import build_host
 from locomesh.protocol.runs import run_id, sign_manifest
@@ -26,7 +26,10 @@ async def network(identities):
         for host in hosts:
             stack.push_async_callback(host.close)
             await stack.enter_async_context(host.run(listen_addrs=[LOOPBACK]))
-        nodes = [Discovery(host, identity, clock=lambda: NOW, rng=random.Random(index)) for index, (host, identity) in enumerate(zip(hosts, identities))]
+        nodes = [
+            Discovery(host, identity, clock=lambda: NOW, rng=random.Random(index))
+            for index, (host, identity) in enumerate(zip(hosts, identities))
+        ]
         async with trio.open_nursery() as nursery:
             for node in nodes:
                 await nursery.start(node.run)
@@ -83,3 +86,41 @@ async def test_the_newest_peer_record_wins(identity_factory):
         record = await nodes[0].find_peer_record(owner.identity.peer_id)
         assert record is not None and record.body["addrs"] == ["/ip4/127.0.0.1/tcp/2"]
         assert await nodes[0].find_peer_record(identity_factory(9).peer_id) is None
+
+
+async def test_requests_reuse_one_stream_and_a_cancelled_one_is_dropped(identity_factory, monkeypatch):
+    async with network([identity_factory(i) for i in range(2)]) as nodes:
+        asker, holder = nodes[1].dht, nodes[0]
+        manifest = sign_manifest(identity_factory(0), task="toy", created=NOW, public=True)
+        await holder.publish_run(manifest)
+        key = records.run_key(run_id(manifest)).encode()
+        asker.pool._streams.clear()  # start from no kept stream
+        for _ in range(3):
+            value, _closer = await asker.pool.get_value(holder.host.get_id(), key)
+            assert value == manifest
+        assert len(asker.pool) == 1
+        # Cancelled after the request went out, before the answer was read: the stream must not be reused.
+        with monkeypatch.context() as patch:
+            patch.setattr(kad_client, "read_varint_prefixed_bytes_limited", lambda *_: trio.sleep_forever())
+            with trio.move_on_after(0.05):
+                await asker.pool.get_value(holder.host.get_id(), key)
+        assert len(asker.pool) == 0
+        value, _closer = await asker.pool.get_value(holder.host.get_id(), key)
+        assert value == manifest and len(asker.pool) == 1
+        await asker.pool.close_idle(idle=0)
+        assert len(asker.pool) == 0
+
+
+async def test_republishing_restores_records_the_network_lost(identity_factory):
+    async with network([identity_factory(i) for i in range(3)]) as nodes:
+        manifest = sign_manifest(identity_factory(1), task="toy", created=NOW, public=True)
+        key = records.run_key(run_id(manifest))
+        await nodes[1].publish_run(manifest)
+        for node in nodes:  # every copy and provider record is gone (expired, nodes restarted)
+            node.dht.value_store.remove(key.encode())
+            node.dht.provider_store.providers.clear()
+        assert await nodes[2].find_run(run_id(manifest)) is None
+        await nodes[1].republish_now()
+        nodes[1].dht.value_store.remove(key.encode())
+        assert (await nodes[2].find_run(run_id(manifest)))[0] == manifest
+        assert [info.peer_id for info in await nodes[0].find_providers(key)] == [nodes[1].host.get_id()]
