@@ -30,6 +30,7 @@ from locomesh.protocol import Identity
 
 from .checkpoint_service import CheckpointService
 from .config import NodeConfig
+from .crdt_service import CrdtService
 from .datadir import DataDir, RpcInfo
 from .ping import PingService
 from .rpc import RpcDispatcher
@@ -48,8 +49,13 @@ ServiceFactory = Callable[[NodeConfig], Sequence[Service]]
 
 
 def default_services(config: NodeConfig) -> list[Service]:
-    """The services every daemon runs (later issues add CRDT sync and rounds)."""
-    return [PingService(), RunRegistryService(config.data_dir), CheckpointService(config.data_dir / "checkpoints")]
+    """The services every daemon runs (the round exchange comes with training together)."""
+    return [
+        PingService(),
+        RunRegistryService(config.data_dir),
+        CrdtService(config.data_dir),
+        CheckpointService(config.data_dir / "checkpoints"),
+    ]
 
 
 def run_daemon(config: NodeConfig, *, services: ServiceFactory = default_services) -> int:

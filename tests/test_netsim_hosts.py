@@ -1,0 +1,163 @@
+"""Real py-libp2p hosts (built by the daemon's factory) over the simulated network."""
+
+from __future__ import annotations
+
+import json
+
+import trio
+from libp2p.stream_muxer.yamux.yamux import Yamux
+
+from locomesh.netsim.flood import FLOOD_PROTOCOL, Flood
+from locomesh.netsim.links import LinkProfile
+from locomesh.netsim.report import to_json
+from locomesh.netsim.scenarios import connectivity
+from locomesh.netsim.simulation import Simulation, run_simulation
+
+ECHO = "/test/echo/1.0.0"
+
+
+async def echo(stream) -> None:
+    data = await stream.read(1024)
+    await stream.write(data[::-1])
+
+
+def two_nodes(sim: Simulation, latency: float = 0.02):
+    a = sim.add_node("a", profile=LinkProfile(latency=latency))
+    b = sim.add_node("b", profile=LinkProfile(latency=latency))
+    b.add_service(ECHO, echo)
+    return a, b
+
+
+async def two_running_nodes(sim: Simulation):
+    a, b = two_nodes(sim)
+    await sim.start(a)
+    await sim.start(b)
+    return a, b
+
+
+async def echo_once(a, b) -> bytes | None:
+    stream = await a.open_stream(b.peer_id, ECHO)
+    if stream is None:
+        return None
+    await stream.write(b"hello")
+    return await stream.read(1024)
+
+
+def test_two_real_hosts_connect_with_noise_and_yamux_and_exchange_a_stream():
+    async def main(sim: Simulation):
+        a, b = await two_running_nodes(sim)
+        start = trio.current_time()
+        assert await a.connect(b.peer_id, b.listen_addr)
+        connected_after = trio.current_time() - start
+        reply = await echo_once(a, b)
+        connection = a.host.get_network().get_connections(b.peer_id)[0]
+        return reply, connected_after, type(connection.muxed_conn), type(connection.muxed_conn.secured_conn).__name__
+
+    reply, connected_after, muxer, security = run_simulation(1, main)
+    assert reply == b"olleh"
+    assert muxer is Yamux
+    assert "Noise" in security or "Secure" in security
+    assert connected_after >= 0.08, "TCP, Noise and Yamux negotiation take several 40 ms round trips"
+
+
+def test_partition_blocks_new_connections_and_heal_restores_them():
+    async def main(sim: Simulation):
+        a, b = await two_running_nodes(sim)
+        sim.network.partition(["a"], ["b"])
+        blocked = await a.connect(b.peer_id, b.listen_addr, timeout=8)
+        sim.network.heal()
+        healed = await a.connect(b.peer_id, b.listen_addr)
+        return blocked, healed, await echo_once(a, b)
+
+    assert run_simulation(2, main) == (False, True, b"olleh")
+
+
+def test_crash_and_restart():
+    async def main(sim: Simulation):
+        a, b = await two_running_nodes(sim)
+        assert await a.connect(b.peer_id, b.listen_addr)
+        sim.crash(b)
+        await trio.sleep(1)
+        refused = await a.connect(b.peer_id, b.listen_addr, timeout=5)
+        await sim.restart(b)
+        await trio.sleep(61)  # py-libp2p blocks a peer for 60 s after a failed dial (virtual seconds here)
+        back = await a.connect(b.peer_id, b.listen_addr)
+        return refused, back, await echo_once(a, b)
+
+    refused, back, reply = run_simulation(3, main)
+    assert not refused and back and reply == b"olleh"
+
+
+def test_a_byzantine_hook_corrupts_frames_and_the_receiver_rejects_them():
+    async def main(sim: Simulation):
+        a, b = two_nodes(sim)
+        floods = {node.name: Flood(node) for node in (a, b)}
+        for flood in floods.values():
+            flood.serve()
+        a.hooks.outgoing = lambda protocol, frame: frame.replace(b"honest", b"forged") if protocol == FLOOD_PROTOCOL else frame
+        await sim.start(a)
+        await sim.start(b)
+        assert await a.connect(b.peer_id, b.listen_addr)
+        floods["a"].attach(b.peer_id)
+        await trio.sleep(1)
+        ident = floods["a"].publish(b"honest words")
+        await trio.sleep(1)
+        return ident in floods["b"].arrivals, dict(b.errors)
+
+    delivered, errors = run_simulation(4, main)
+    assert not delivered
+    assert errors.get("bad-id") == 1
+
+
+SMALL = {"rounds": 2, "messages": 4, "settle": 5.0, "join_window": 10.0}
+
+
+def test_connectivity_scenario_at_50_nodes_is_deterministic_by_seed():
+    first = to_json(connectivity.run(nodes=50, seed=11, **SMALL))
+    second = to_json(connectivity.run(nodes=50, seed=11, **SMALL))
+    assert first == second
+    parsed = json.loads(first)
+    gossip = {row[0]: row[1] for row in parsed["tables"][2]["rows"]}
+    assert gossip["delivery ratio"] > 0.9
+    pairs = parsed["tables"][0]["rows"]
+    assert any(row[4] > 0 for row in pairs), "some dials get in through a NAT mapping"
+    assert any(row[8] > 0 for row in pairs), "some dials fail at a NAT"
+
+
+def test_peer_exchange_reports_observed_addresses_and_counts_a_forged_reply():
+    from locomesh.netsim.nat import NatType
+    from locomesh.netsim.pex import PEX_PROTOCOL, PeerExchange
+
+    async def main(sim: Simulation):
+        box = sim.network.add_nat(NatType.SYMMETRIC)
+        boot = sim.add_node("boot")
+        inside = sim.add_node("inside", nat=box)
+        liar = sim.add_node("liar")
+        for node in (boot, liar):
+            PeerExchange(node, sim.rng_for(node.name)).serve()
+        liar.hooks.outgoing = lambda protocol, frame: b"\xc1" if protocol == PEX_PROTOCOL else frame
+        for node in (boot, inside, liar):
+            await sim.start(node)
+        asker = PeerExchange(inside, sim.rng_for("inside"))
+        assert await inside.connect(boot.peer_id, boot.listen_addr)
+        observed, _ = await asker.ask(boot.peer_id, 8)
+        assert await inside.connect(liar.peer_id, liar.listen_addr)
+        forged = await asker.ask(liar.peer_id, 8)
+        return observed, box.public_ip, forged, dict(inside.errors)
+
+    observed, public_ip, forged, errors = run_simulation(8, main)
+    assert observed[0] == public_ip, "the bootstrap sees the NAT's public address"
+    assert forged is None and errors.get("pex-malformed") == 1
+
+
+def test_a_graceful_stop_closes_the_connections():
+    async def main(sim: Simulation):
+        a, b = await two_running_nodes(sim)
+        assert await a.connect(b.peer_id, b.listen_addr)
+        b.stop()
+        with trio.fail_after(10):
+            await b.wait_stopped()
+        await trio.sleep(1)
+        return b.running, b.peer_id in a.connected_peers()
+
+    assert run_simulation(9, main) == (False, False)
