@@ -1,0 +1,115 @@
+"""Each attack sends what it says; non-finite payloads are refused by the decoder, not aggregated."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from locomesh.training import attacks
+from locomesh.training.attacks import AttackView, alie_z, get_attack
+from locomesh.training.codec import CodecError, Encoder, decode, non_finite_payload
+from locomesh.training.diloco import DiLoCoConfig, simulate_diloco
+from locomesh.training.inner import InnerConfig
+from locomesh.training.tasks import get_task
+
+from .test_diloco import TINY_TASK
+
+NUMEL = 3000
+
+
+def _view(round_index: int = 1, past=(), workers: int = 8, byzantine: int = 2) -> AttackView:
+    rng = np.random.default_rng(7)
+    honest = [rng.standard_normal(NUMEL).astype(np.float32) + 1.0 for _ in range(workers - byzantine)]
+    return AttackView(
+        round_index=round_index,
+        honest_deltas=honest,
+        past_honest_payloads=list(past),
+        workers=workers,
+        byzantine=byzantine,
+        rng=np.random.default_rng(0),
+        encode_non_finite=lambda value, numel: non_finite_payload("int8", value, numel),
+    )
+
+
+def _honest(view: AttackView) -> np.ndarray:
+    return np.stack(view.honest_deltas).astype(np.float64)
+
+
+@pytest.mark.parametrize("name, scale", [("sign_flip", 1.0), ("sign_flip_x100", 100.0), ("ipm", 0.5)])
+def test_scaled_negative_mean(name, scale):
+    view = _view()
+    sent = get_attack(name)(view)
+    assert sent.dtype == np.float32 and sent.shape == (NUMEL,)
+    np.testing.assert_allclose(sent, -scale * _honest(view).mean(axis=0), rtol=1e-6)
+
+
+def test_alie_is_mean_minus_z_std():
+    view = _view()
+    # n = 8, f = 2: s = floor(8/2 + 1) - 2 = 3, z = Φ⁻¹(5/8) ≈ 0.3186
+    assert alie_z(8, 2) == pytest.approx(0.318639, abs=1e-6)
+    sent = get_attack("alie")(view)
+    honest = _honest(view)
+    np.testing.assert_allclose(sent, honest.mean(0) - alie_z(8, 2) * honest.std(0), rtol=1e-5)
+    fixed = attacks.alie(z=1.5)(view)
+    np.testing.assert_allclose(fixed, honest.mean(0) - 1.5 * honest.std(0), rtol=1e-5)
+
+
+def test_gaussian_is_zero_mean_noise_scaled_to_the_honest_rms():
+    view = _view()
+    sent = get_attack("gaussian")(view)
+    rms = np.sqrt(np.mean(_honest(view) ** 2))
+    assert abs(sent.mean()) < 0.05 * 10 * rms
+    assert sent.std() == pytest.approx(10 * rms, rel=0.05)
+
+
+def test_zero_and_replay():
+    assert not get_attack("zero")(_view()).any()
+    assert not get_attack("replay")(_view(round_index=0)).any()  # nothing to replay yet
+    past = [[b"round-0 worker 0", b"round-0 worker 1"], [b"round-1 worker 0", b"round-1 worker 1"]]
+    assert get_attack("replay")(_view(round_index=2, past=past)) == b"round-1 worker 0"
+    assert attacks.replay(age=2)(_view(round_index=2, past=past)) == b"round-0 worker 0"
+
+
+@pytest.mark.parametrize("mode", ["int8", "int4", "fp32"])
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+def test_non_finite_payloads_are_rejected_by_the_decoder(mode, value):
+    payload = non_finite_payload(mode, value, NUMEL)
+    with pytest.raises(CodecError):
+        decode(payload, NUMEL, modes=(mode,))
+
+
+@pytest.mark.parametrize("name", ["nan", "inf"])
+def test_nan_and_inf_attacks_make_undecodable_payloads(name):
+    payload = get_attack(name)(_view())
+    assert isinstance(payload, bytes)
+    with pytest.raises(CodecError):
+        decode(payload, NUMEL)
+    honest = Encoder("int8", error_feedback=False).encode(_view().honest_deltas[0])
+    assert decode(honest, NUMEL).shape == (NUMEL,)
+
+
+def test_unknown_attack():
+    with pytest.raises(ValueError, match="unknown attack"):
+        get_attack("polite")
+
+
+def _run(aggregator: str, attack: str):
+    torch.set_num_threads(1)
+    task = get_task("synthetic-lm", TINY_TASK)
+    config = DiLoCoConfig(
+        workers=5, rounds=2, inner_steps=8, inner=InnerConfig(lr=1e-2, batch_size=8),
+        aggregator=aggregator,
+    )
+    return simulate_diloco(task, config, byzantine={4: get_attack(attack)}), task
+
+
+def test_in_a_run_nan_is_rejected_and_sign_flip_x100_breaks_mean_not_centered_clip():
+    result, task = _run("centered_clip", "nan")
+    assert all(record.rejected == ["worker-4"] for record in result.history)
+    assert np.isfinite(result.theta).all()
+    initial = task.evaluate(task.build_model(0))["loss"]
+    broken, _ = _run("mean", "sign_flip_x100")
+    robust, _ = _run("centered_clip", "sign_flip_x100")
+    assert robust.loss < initial - 0.1
+    assert broken.loss > initial + 0.5
