@@ -88,8 +88,16 @@ def test_the_nodes_list_each_other(swarm):
     assert all(peer["addrs"] and peer["connected_since"] > 0 for peer in peers)
     for daemon in (second, third):
         listed = json.loads(locomesh("peers", "--json", "--data-dir", str(daemon.data_dir)).stdout)
-        [bootstrap_peer] = [peer for peer in listed if peer["peer_id"] == ids[0]]  # (the DHT may add the other)
+        [bootstrap_peer] = [peer for peer in listed if peer["peer_id"] == ids[0]]
         assert bootstrap_peer["direction"] == "outbound"
+
+    def lists_the_others(daemon, own_id) -> bool:
+        listed = json.loads(locomesh("peers", "--json", "--data-dir", str(daemon.data_dir)).stdout)
+        return {peer["peer_id"] for peer in listed} == set(ids) - {own_id}
+
+    # The second and third know only the first; they find each other through its DHT routing table.
+    for daemon, own_id in zip(swarm, ids):
+        wait_until(lambda: lists_the_others(daemon, own_id), timeout=30.0)
 
 
 def test_ping_over_rpc(swarm):
