@@ -1,7 +1,7 @@
 """`locomesh swarm`: start a small local swarm of daemons, show it, and stop it.
 
 Today (before training exists) it is an honest smoke test of the node: it
-starts `--nodes` daemons (default 1) as child processes, each with its own
+starts `--nodes` daemons (default 3) as child processes, each with its own
 temporary data dir, on loopback; every node after the first bootstraps off
 the first; it waits until each RPC answers and every node sees the others,
 prints each status table and the first node's peers, asks every daemon to
@@ -33,7 +33,7 @@ CONNECT_TIMEOUT = 20.0
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("swarm", help="start a small local swarm of daemons, show it, stop it")
     parser.add_argument(
-        "--nodes", type=int, default=1, choices=range(1, 9), metavar="N", help="daemons to start (1-8, default 1)"
+        "--nodes", type=int, default=3, choices=range(1, 9), metavar="N", help="daemons to start (1-8, default 3)"
     )
     parser.add_argument("--verbose", action="store_true", help="show the daemons' logs on stderr")
     parser.set_defaults(handler=run_swarm)
