@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from locomesh.node.config import resolve_data_dir
 
-from .client import EXIT_NO_DAEMON
+from .client import DEFAULT_TIMEOUT, EXIT_ERROR, EXIT_NO_DAEMON, EXIT_OK, DaemonNotRunning, RpcCallError, RpcClient
 
 
 def add_data_dir_argument(parser: argparse.ArgumentParser) -> None:
@@ -32,3 +35,22 @@ def fail(message: str, status: int) -> int:
 
 def no_daemon(error: Exception) -> int:
     return fail(f"{error} (start one with: locomesh node start)", EXIT_NO_DAEMON)
+
+
+def show_call(
+    args: argparse.Namespace,
+    method: str,
+    as_table: Callable[[Any], str],
+    *,
+    params: dict[str, Any] | None = None,
+    timeout: float = DEFAULT_TIMEOUT,
+) -> int:
+    """Call `method` on the daemon of `args`' data dir; print the result as JSON (`--json`) or a table."""
+    try:
+        result = RpcClient.for_data_dir(data_dir_of(args), timeout=timeout).call(method, params)
+    except DaemonNotRunning as error:
+        return no_daemon(error)
+    except RpcCallError as error:
+        return fail(f"{method} failed: {error.message}", EXIT_ERROR)
+    print(json.dumps(result, indent=2, sort_keys=True) if args.json else as_table(result))
+    return EXIT_OK

@@ -11,13 +11,9 @@ it must be registered after `run_cmd` in `main._subcommand_modules()`.
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
-from .client import EXIT_ERROR, EXIT_OK, DaemonNotRunning, RpcCallError, RpcClient
-from .common import add_data_dir_argument, data_dir_of, fail, no_daemon
-
-RPC_TIMEOUT = 10.0
+from .common import add_data_dir_argument, show_call
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -34,15 +30,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def show_state(args: argparse.Namespace) -> int:
-    try:
-        client = RpcClient.for_data_dir(data_dir_of(args), timeout=RPC_TIMEOUT)
-        result = client.call("run.state", {"run_id": args.run_id})
-    except DaemonNotRunning as error:
-        return no_daemon(error)
-    except RpcCallError as error:
-        return fail(f"run.state failed: {error.message}", EXIT_ERROR)
-    print(json.dumps(result, indent=2, sort_keys=True) if args.json else format_state(result))
-    return EXIT_OK
+    return show_call(args, "run.state", format_state, params={"run_id": args.run_id})
 
 
 def format_state(state: dict[str, Any]) -> str:

@@ -7,13 +7,10 @@ the daemon answers with an error.
 from __future__ import annotations
 
 import argparse
-import json
 import time
-from collections.abc import Callable
 from typing import Any
 
-from .client import EXIT_ERROR, EXIT_OK, DaemonNotRunning, RpcCallError, RpcClient
-from .common import add_data_dir_argument, data_dir_of, fail, no_daemon
+from .common import add_data_dir_argument, show_call
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -28,22 +25,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def show_status(args: argparse.Namespace) -> int:
-    return _show(args, "node.status", format_status)
+    return show_call(args, "node.status", format_status)
 
 
 def show_peers(args: argparse.Namespace) -> int:
-    return _show(args, "node.peers", format_peers)
-
-
-def _show(args: argparse.Namespace, method: str, as_table: Callable[[Any], str]) -> int:
-    try:
-        result = RpcClient.for_data_dir(data_dir_of(args)).call(method)
-    except DaemonNotRunning as error:
-        return no_daemon(error)
-    except RpcCallError as error:
-        return fail(f"{method} failed: {error}", EXIT_ERROR)
-    print(json.dumps(result, indent=2, sort_keys=True) if args.json else as_table(result))
-    return EXIT_OK
+    return show_call(args, "node.peers", format_peers)
 
 
 def format_status(status: dict[str, Any]) -> str:
