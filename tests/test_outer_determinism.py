@@ -214,3 +214,14 @@ def test_options_reach_the_aggregator_and_the_config_is_checked():
         OuterStep(np.zeros(8, np.float32), aggregator="nope")
     with pytest.raises(ValueError):
         OuterStep(np.zeros(8, np.float64))
+
+
+def test_krum_counts_rejected_payloads_against_f():
+    """Two NaN payloads out of nine with f=3: seven remain, and Krum needs 2·1 + 3 = 5, not 9."""
+    rng = np.random.default_rng(3)
+    step = OuterStep(np.zeros(256, np.float32), aggregator="krum", f=3)
+    payloads = {bytes([i]): Encoder("int8").encode(rng.standard_normal(256).astype(np.float32)) for i in range(7)}
+    payloads |= {b"nan1": non_finite_payload("int8", float("nan"), 256), b"nan2": non_finite_payload("int8", float("inf"), 256)}
+    result = step.step(payloads)
+    assert sorted(result.rejected) == [b"nan1", b"nan2"] and len(result.accepted) == 7
+    assert step.config.aggregator_options == {"f": 3}  # the configured bound is unchanged for later rounds

@@ -130,7 +130,7 @@ class OuterStep:
             keys=[_author_key(author) for author in authors],
             previous=self.previous,
             bucket_seed=bucket_seed,
-            **self.config.aggregator_options,
+            **self._options_after_rejections(len(rejected)),
         )
         if not np.isfinite(g).all():  # cannot happen with decoded inputs; never apply it if it did
             raise aggregators.AggregatorError("the aggregate is not finite")
@@ -138,6 +138,18 @@ class OuterStep:
         self._apply(g)
         self.previous = g
         return OuterResult(self.theta, params_hash(self.theta), authors, rejected, g_norm, capped)
+
+    def _options_after_rejections(self, rejected: int) -> dict:
+        """The aggregator's options, with Krum's `f` lowered by the payloads already rejected.
+
+        An author whose payload failed validation is provably faulty and already
+        out, so at most f − rejected faulty contributions remain; without this a
+        NaN payload would leave Krum "too few contributions" and stall the round.
+        """
+        options = dict(self.config.aggregator_options)
+        if "f" in options and self.config.aggregator in ("krum", "multi_krum"):
+            options["f"] = max(0, options["f"] - rejected)
+        return options
 
     def _decode_all(self, payloads: Mapping[Author, bytes]) -> tuple[dict[Author, np.ndarray], dict[Author, CodecError]]:
         decoded, rejected = {}, {}
