@@ -7,15 +7,24 @@ DiLoCo runs R rounds of H = T / R inner steps and sends one encoded pseudo-gradi
 fp32, int8, and 4-bit with error feedback. Both see the same samples: worker i's batch at step t
 is the same shard in both.
 
-Targets: DiLoCo int8 within 2% of DDP's eval loss (loss ≤ 1.02 × DDP's) while each worker sends
-≥ 500× fewer bytes; 4-bit with error feedback within 2% and ≥ 1000× fewer.
+Warm start (as in the DiLoCo paper, which starts from a pretrained model): before the compared
+phase, `--warm-steps` (100) DDP steps on samples of their own (run seed 1; the compared phase
+uses run seed 0) give the one θ0 that every method starts from. Its 12,800 samples and its
+bytes are the same for every method and are reported in meta["warm_start"], not in the rows.
+Without it (`--warm-steps 0`) DiLoCo's batch-16 workers spend the first 2-3 rounds on the
+initial plateau that DDP's 8× batch leaves at once, and int8 ended at 1.047× DDP's loss.
 
-    .venv/bin/python bench/diloco_vs_ddp.py --jobs 4   # full mode (about 4 × 3 CPU-minutes)
+Targets: DiLoCo int8 within 2% of DDP's eval loss (loss ≤ 1.02 × DDP's) while each worker sends
+≥ 500× fewer bytes; 4-bit with error feedback within 2% and ≥ 1000× fewer. The bytes reduction
+is about H × 4 / (payload bytes per parameter), so H = 150 is what buys 500× and 1000×.
+
+    .venv/bin/python bench/diloco_vs_ddp.py --jobs 2   # full mode (about 6 × 1.7 CPU-minutes)
     .venv/bin/python bench/diloco_vs_ddp.py --quick    # a smoke run of the same pipeline
 
-Tuned by hand (on this default task, context 32, batch 128 per step): DDP's AdamW lr 3e-3 beat
-1e-2 (eval 1.658 vs 1.693 after 400 steps), both with warmup 20 and cosine decay to 0.1×;
-DiLoCo uses the same inner AdamW and schedule, outer Nesterov lr 0.7, momentum 0.9.
+Fairness: DDP runs at every lr of `--ddp-lr` (3e-3, 1e-2, 2e-2) and the best one is the
+baseline (meta["baseline"]); all use AdamW, warmup 20 and cosine decay to 0.1× over the run.
+DiLoCo uses the same inner AdamW and schedule (lr 3e-3, not tuned further), outer Nesterov lr
+0.7, momentum 0.9 (the paper's values), and the plain mean as aggregator.
 """
 
 from __future__ import annotations
@@ -39,6 +48,8 @@ from locomesh.training.tasks import get_task  # noqa: E402
 # DiLoCo variants: label -> (codec, error feedback)
 VARIANTS = {"fp32": ("fp32", False), "int8": ("int8", True), "int4+ef": ("int4", True)}
 TARGETS = {"int8": (1.02, 500), "int4+ef": (1.02, 1000)}  # loss ratio ceiling, bytes ratio floor
+WARM_SEED = 1  # the warm start's samples: a run seed the compared phase (run seed 0) never uses
+WARM_LR = 3e-3
 
 
 def parse_args() -> argparse.Namespace:
@@ -49,7 +60,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=8, help="R; DDP takes R × H steps")
     parser.add_argument("--batch", type=int, default=16, help="sequences per worker per step")
     parser.add_argument("--inner-lr", type=float, default=3e-3)
-    parser.add_argument("--ddp-lr", type=float, default=3e-3)
+    parser.add_argument("--ddp-lr", default="3e-3,1e-2,2e-2",
+                        help="comma-separated DDP lrs; each is run, the best is the baseline")
+    parser.add_argument("--warm-steps", type=int, default=100,
+                        help="shared DDP warm start (own samples) before both methods; 0: none")
     parser.add_argument("--outer-lr", type=float, default=0.7)
     parser.add_argument("--outer-momentum", type=float, default=0.9)
     parser.add_argument("--context", type=int, default=32)
@@ -61,6 +75,8 @@ def parse_args() -> argparse.Namespace:
     args = parser.parse_args()
     if args.quick:
         args.inner_steps, args.rounds, args.batch, args.eval_sequences = 20, 2, 8, 128
+        args.warm_steps = min(args.warm_steps, 10)
+    args.ddp_lrs = [float(lr) for lr in args.ddp_lr.split(",")]
     return args
 
 
@@ -77,18 +93,33 @@ def progress(label: str):
     return show
 
 
-def run_method(method: str, args: argparse.Namespace):
-    """One simulation ("ddp" or a DiLoCo variant label): (result, CPU seconds). Runs in a worker
-    process under --jobs, so it builds its own task."""
+def warm_start(args: argparse.Namespace):
+    """The θ both methods start from: `--warm-steps` DDP steps (N workers, constant lr after the
+    warmup) on samples of their own (run seed WARM_SEED), so the compared phase reuses none of
+    them. None when --warm-steps is 0."""
+    if args.warm_steps == 0:
+        return None
+    torch.set_num_threads(args.threads)
+    config = DDPConfig(
+        workers=args.workers, steps=args.warm_steps, run_seed=WARM_SEED,
+        inner=InnerConfig(lr=WARM_LR, batch_size=args.batch, warmup_steps=20),
+    )
+    return simulate_ddp(make_task(args), config)
+
+
+def run_method(method: str, args: argparse.Namespace, theta0):
+    """One simulation ("ddp@<lr>" or a DiLoCo variant label) from θ0 (None: the model seed's
+    initialisation): (result, CPU seconds). Runs in a worker process under --jobs, so it builds
+    its own task."""
     torch.set_num_threads(args.threads)
     task = make_task(args)
     started = time.process_time()
-    if method == "ddp":
+    if method.startswith("ddp@"):
         config = DDPConfig(
             workers=args.workers, steps=args.inner_steps * args.rounds,
-            inner=inner_config(args.ddp_lr, args), eval_every=args.inner_steps,
+            inner=inner_config(float(method[4:]), args), eval_every=args.inner_steps,
         )
-        result = simulate_ddp(task, config, on_eval=progress(method))
+        result = simulate_ddp(task, config, on_eval=progress(method), initial_theta=theta0)
     else:
         codec, error_feedback = VARIANTS[method]
         config = DiLoCoConfig(
@@ -96,7 +127,7 @@ def run_method(method: str, args: argparse.Namespace):
             inner=inner_config(args.inner_lr, args), codec=codec, error_feedback=error_feedback,
             aggregator=args.aggregator, outer_lr=args.outer_lr, outer_momentum=args.outer_momentum,
         )
-        result = simulate_diloco(task, config, on_round=progress(method))
+        result = simulate_diloco(task, config, on_round=progress(method), initial_theta=theta0)
     return result, time.process_time() - started
 
 
@@ -107,12 +138,21 @@ def make_task(args: argparse.Namespace):
 def main() -> None:
     args = parse_args()
     task = make_task(args)
-    methods = [method for method in ["ddp", *VARIANTS] if method in args.only.split(",")]
+    only = args.only.split(",")
+    ddp_methods = [f"ddp@{lr:g}" for lr in args.ddp_lrs] if "ddp" in only else []
+    methods = ddp_methods + [method for method in VARIANTS if method in only]
+    started = time.process_time()
+    warm = warm_start(args)
+    warm_cpu = time.process_time() - started
+    theta0 = None if warm is None else warm.theta
     # Each method is an independent, deterministic simulation: running them side by side in
     # processes changes nothing but the wall time.
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-        outcomes = dict(zip(methods, pool.map(run_method, methods, [args] * len(methods))))
-    ddp = outcomes["ddp"][0] if "ddp" in outcomes else None
+        runs = pool.map(run_method, methods, [args] * len(methods), [theta0] * len(methods))
+        outcomes = dict(zip(methods, runs))
+    # The baseline is DDP at its best lr: DiLoCo is compared against DDP tuned as well as it.
+    ddp_method = min(ddp_methods, key=lambda method: outcomes[method][0].loss, default=None)
+    ddp = outcomes[ddp_method][0] if ddp_method else None
     rows = [row(method, result, ddp, seconds) for method, (result, seconds) in outcomes.items()]
     steps = args.inner_steps * args.rounds
     meta = {
@@ -124,8 +164,15 @@ def main() -> None:
         "inner_steps": args.inner_steps,
         "rounds": args.rounds,
         "ddp_steps": steps,
+        "warm_start": None if warm is None else {
+            "steps": args.warm_steps, "method": "ddp", "lr": WARM_LR, "warmup_steps": 20,
+            "run_seed": WARM_SEED, "samples": warm.samples, "eval_loss": warm.loss,
+            "cpu_s": round(warm_cpu, 1),
+            "note": "shared θ0 for every method; its samples are not in the rows' counts",
+        },
         "inner": asdict(inner_config(args.inner_lr, args)),
-        "ddp_lr": args.ddp_lr,
+        "ddp_lrs": args.ddp_lrs,
+        "baseline": ddp_method,
         "outer": {"lr": args.outer_lr, "momentum": args.outer_momentum, "nesterov": True},
         "aggregator": args.aggregator,
         "ddp_bytes": "4 bytes x params per step (a ring all-reduce sends ~2x that)",
@@ -138,7 +185,7 @@ def main() -> None:
 
 def row(method: str, result, ddp, cpu_seconds: float) -> dict:
     out = {
-        "method": method if method == "ddp" else f"diloco-{method}",
+        "method": method if method.startswith("ddp@") else f"diloco-{method}",
         "eval_loss": result.loss,
         "above_floor": result.loss - result.floor,
         "samples": result.samples,

@@ -96,3 +96,21 @@ def test_byzantine_workers_must_be_a_strict_subset(task):
         simulate_diloco(task, config, byzantine={0: zero, 1: zero})
     with pytest.raises(ValueError, match="strict subset"):
         simulate_diloco(task, config, byzantine={5: zero})
+
+
+def test_both_methods_start_from_a_warm_start(task):
+    warm = simulate_ddp(task, DDPConfig(workers=3, steps=30, inner=INNER, run_seed=1)).theta
+    # No training: each returns exactly the θ it was given, not the model seed's initialisation.
+    idle_diloco = simulate_diloco(
+        task, DiLoCoConfig(workers=2, rounds=0, inner=INNER), initial_theta=warm
+    )
+    idle_ddp = simulate_ddp(task, DDPConfig(workers=2, steps=0, inner=INNER), initial_theta=warm)
+    assert params_hash(idle_diloco.theta) == params_hash(idle_ddp.theta) == params_hash(warm)
+    # One short round from the warm θ keeps its progress; from scratch it is still near the start.
+    config = DiLoCoConfig(workers=2, rounds=1, inner_steps=2, inner=INNER)
+    from_warm = simulate_diloco(task, config, initial_theta=warm)
+    assert from_warm.loss < simulate_diloco(task, config).loss - 0.1
+    with pytest.raises(ValueError, match="parameters"):
+        simulate_ddp(task, DDPConfig(workers=2, steps=1, inner=INNER), initial_theta=warm[:-1])
+    with pytest.raises(ValueError, match="parameters"):
+        simulate_diloco(task, config, initial_theta=warm[:-1])

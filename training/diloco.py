@@ -95,9 +95,11 @@ def simulate_diloco(
     config: DiLoCoConfig,
     byzantine: Mapping[int, Attack] | None = None,
     on_round: RoundCallback | None = None,
+    initial_theta: np.ndarray | None = None,
 ) -> RunResult:
     """Train `task` with DiLoCo; workers whose index is a key of `byzantine` run that attack
-    instead of training. Deterministic for a given config."""
+    instead of training. Starts from `initial_theta` (a warm start) if given, else from the
+    model seed's initialisation. Deterministic for a given config."""
     byzantine = dict(byzantine or {})
     if any(not 0 <= index < config.workers for index in byzantine) or len(byzantine) >= config.workers:
         raise ValueError("Byzantine workers must be a strict subset of worker indices")
@@ -107,6 +109,8 @@ def simulate_diloco(
     }
     encoders = {index: Encoder(config.codec, error_feedback=config.error_feedback) for index in honest}
     theta = flatten(workers[honest[0]].model)
+    if initial_theta is not None:
+        theta = _checked_theta(initial_theta, theta_size=theta.size)
     outer = OuterStep(
         theta,
         OuterConfig(
@@ -177,19 +181,37 @@ class _Adversary:
         return sent
 
 
+def _checked_theta(theta: np.ndarray, theta_size: int) -> np.ndarray:
+    """A float32 copy of a warm-start θ, refused if it does not fit the model."""
+    theta = np.asarray(theta)
+    if theta.shape != (theta_size,):
+        raise ValueError(
+            f"initial theta has shape {theta.shape}, the model has {theta_size} parameters"
+        )
+    return np.array(theta, dtype=np.float32, copy=True)
+
+
 def _evaluate(task: Task, scratch: torch.nn.Module, theta: np.ndarray) -> dict:
     """Evaluate θ in `scratch` (a worker's model; its next round reloads θ anyway)."""
     unflatten_into(scratch, theta)
     return task.evaluate(scratch)
 
 
-def simulate_ddp(task: Task, config: DDPConfig, on_eval: RoundCallback | None = None) -> RunResult:
-    """The synchronous data-parallel baseline: averaged gradients of N shards, one AdamW step each.
+def simulate_ddp(
+    task: Task,
+    config: DDPConfig,
+    on_eval: RoundCallback | None = None,
+    initial_theta: np.ndarray | None = None,
+) -> RunResult:
+    """The synchronous data-parallel baseline: averaged gradients of N shards, one AdamW step each,
+    from `initial_theta` (a warm start) if given, else from the model seed's initialisation.
 
     Worker i's batch at step t is the same shard (`task.batch(run_seed, i, t, ...)`) that DiLoCo's
     worker i trains on at its inner step t, so both see the same samples.
     """
     model = task.build_model(config.model_seed)
+    if initial_theta is not None:
+        unflatten_into(model, _checked_theta(initial_theta, theta_size=param_count(model)))
     optimizer = make_optimizer(model, config.inner)
     model.train()
     bytes_per_step = FP32_BYTES * param_count(model)
