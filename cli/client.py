@@ -13,7 +13,6 @@ import http.client
 import itertools
 import json
 import os
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -96,7 +95,7 @@ class RpcClient:
             connection.request("POST", "/", body=body, headers=headers)
             response = connection.getresponse()
             return response.status, response.read()
-        except (ConnectionError, socket.timeout, http.client.HTTPException, OSError) as error:
+        except (OSError, http.client.HTTPException) as error:  # timeouts and refusals are OSErrors
             raise DaemonNotRunning(f"the daemon's RPC on port {self.port} does not answer: {error}") from None
         finally:
             connection.close()

@@ -46,9 +46,10 @@ def facts_of_downset(replica: Replica, frontier: list[OpId]) -> Facts:
 def snapshot_fields(replica: Replica, frontier: list[OpId] | None = None) -> tuple[dict, bytes]:
     """The body fields of a snapshot op over `frontier` (default: our heads), and the facts bytes."""
     frontier = sorted(frontier if frontier is not None else replica.heads)
-    encoded = facts_of_downset(replica, frontier).encode()
+    facts = facts_of_downset(replica, frontier)
+    encoded = facts.encode()
     state = hashlib.sha256(encoded).digest()
-    fields = {"state": state, "frontier": frontier, "ops": len(replica.ancestry(frontier))}
+    fields = {"state": state, "frontier": frontier, "ops": len(facts.ops)}  # one fact row per covered op
     return fields, encoded
 
 

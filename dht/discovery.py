@@ -173,7 +173,8 @@ class Discovery:
     async def _seed_routing_table(self) -> None:
         while True:
             for peer in self._dht_peers_missing_from_table():
-                await self.dht.add_peer(peer)
+                with trio.move_on_after(OPERATION_TIMEOUT):  # a full bucket pings its oldest peer first
+                    await self.dht.add_peer(peer)
             if self.routing_table_size():
                 self._table_seeded.set()
             await trio.sleep(SEED_INTERVAL if self._table_seeded.is_set() else SEED_INTERVAL_EMPTY)

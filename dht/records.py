@@ -22,10 +22,10 @@ functions: py-libp2p runs validators only on the node that registered them
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 
 from locomesh.protocol import Envelope, Identity, ProtocolError, decode, encode, public_key_from_peer_id
+from locomesh.protocol import runs
 from locomesh.protocol.kinds import HASH_SIZE, PEER_RECORD, RUN_ID_SIZE, RUN_MANIFEST
 
 NAMESPACE = "locomesh"
@@ -116,7 +116,7 @@ def validate_run_record(key: str, value: bytes) -> Envelope:
     """
     expected = run_id_of_key(key)
     _check_size(value, RUN_MANIFEST.max_size)
-    if hashlib.sha256(value).digest() != expected:
+    if runs.run_id(value) != expected:
         raise ProtocolError("wrong-hash", "the value's SHA-256 is not the run ID in its key")
     envelope = decode(value, kinds=frozenset({RUN_MANIFEST.name}))
     if not envelope.body["public"]:

@@ -269,11 +269,12 @@ class Network:
         a_to_b, b_to_a = Pipe(forward), Pipe(backward)
         end_a = SimStream(a_to_b, b_to_a, local=source.endpoint, remote=target)
         end_b = SimStream(b_to_a, a_to_b, local=route.target.endpoint, remote=route.source_seen)
-        self._connections.append(_Connection(source, route.target, end_a, end_b))
+        connection = _Connection(source, route.target, end_a, end_b)
+        self._connections.append(connection)
         await trio.sleep(forward.profile.latency)  # SYN
         accept = self._listeners.get(route.target.endpoint)
         if accept is None or not route.target.up or not self._can_talk(source, route.target):
-            end_a.reset("refused")
+            connection.reset("refused")  # both ends, or it would stay among the live connections
             return await self._fail(source, target, DialOutcome.REFUSED)
         accept(end_b)
         await trio.sleep(backward.profile.latency)  # SYN-ACK

@@ -116,7 +116,7 @@ class ProviderSession:
                     # The address we were given wins over any the peerstore kept: a provider
                     # that restarted listens elsewhere, and py-libp2p would dial only the old one.
                     self.node.host.get_peerstore().clear_addrs(ID.from_base58(self.peer_id))
-                    self.node._forget_failed_dials(self.peer_id)  # and py-libp2p's 60 s refusal after a failed dial
+                    self.node.forget_failed_dials(self.peer_id)  # and py-libp2p's 60 s refusal after a failed dial
                     await self.node.connect(self.address)
                 self._stream = await self._open()
             return await wire.ask(

@@ -41,7 +41,7 @@ from locomesh.protocol.runs import format_run_id, parse_run_id, short_run_id
 from .rpc import RpcError
 from .run_store import RunStore
 from .runtime import DialError, Node
-from .streams import read_frame, read_frame_or_eof, write_frame
+from .streams import close_quietly, read_frame, read_frame_or_eof, write_frame
 
 logger = logging.getLogger(__name__)
 
@@ -170,9 +170,11 @@ class CrdtService:
         while True:
             await trio.sleep(NEW_PEER_POLL)
             connected = {entry.peer_id for entry in self._node.peers.peers()}
-            due = connected if trio.current_time() >= next_sweep else connected - seen
-            if trio.current_time() >= next_sweep:
-                next_sweep = trio.current_time() + self.sync_interval
+            now = trio.current_time()
+            sweep = now >= next_sweep
+            due = connected if sweep else connected - seen
+            if sweep:
+                next_sweep = now + self.sync_interval
                 await self._open_stored_runs()
             seen = connected
             for peer in sorted(due):
@@ -209,7 +211,7 @@ class CrdtService:
                 reply = await read_frame(stream, max_size=CRDT_OPS.max_size, timeout=FRAME_TIMEOUT)
                 request = puller.receive(reply)
         finally:
-            await stream.close()
+            await close_quietly(stream)  # bounded, and never hides why the pull failed
         self._publish_evidence(replica, puller.progress.equivocations)
         return puller.progress.applied
 

@@ -207,7 +207,7 @@ class Node:
         peer = _peer_of(address)
 
         async def dial(address: Multiaddr) -> None:
-            self._forget_failed_dials(peer)
+            self.forget_failed_dials(peer)
             await self.connect(address)
 
         await keep_connected(
@@ -218,7 +218,8 @@ class Node:
             dial_timeout=DIAL_TIMEOUT,
         )
 
-    def _forget_failed_dials(self, peer_id: str | None) -> None:
+    def forget_failed_dials(self, peer_id: str | None) -> None:
+        """Let the next dial to `peer_id` go out even if one failed in the last 60 s."""
         # py-libp2p refuses every dial to a peer for 60 s after one failed
         # ("negative cache"), which would make our own backoff moot: a
         # bootstrap peer that comes up 1 s after our first try would wait a

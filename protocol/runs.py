@@ -80,9 +80,13 @@ def parse_run_id(text: str) -> bytes:
     text = text.strip()
     try:
         if len(text) == 2 * RUN_ID_SIZE:
-            return bytes.fromhex(text)
-        if len(text) == 52:
-            return base64.b32decode(text.upper() + "====")
+            raw = bytes.fromhex(text)
+        elif len(text) == 52:
+            raw = base64.b32decode(text.upper() + "====")
+        else:
+            raw = b""
     except (ValueError, binascii.Error):
-        pass
+        raw = b""
+    if len(raw) == RUN_ID_SIZE:  # fromhex skips inner whitespace: 64 characters can be fewer bytes
+        return raw
     raise ProtocolError("bad-run-id", f"{text[:60]!r} is not a full run ID (52 base32 characters or 64 hex digits)")

@@ -134,7 +134,6 @@ ATTACKS: dict[str, Callable[[], Attack]] = {
 
 def get_attack(name: str) -> Attack:
     """The attack called `name` (a key of ATTACKS) with its default strength."""
-    try:
-        return ATTACKS[name]()
-    except KeyError:
-        raise ValueError(f"unknown attack {name!r}; known: {sorted(ATTACKS)}") from None
+    if name not in ATTACKS:
+        raise ValueError(f"unknown attack {name!r}; known: {sorted(ATTACKS)}")
+    return ATTACKS[name]()

@@ -31,6 +31,7 @@ it, plus one chunk at a time.
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -415,18 +416,11 @@ def _entry_problem(entry: _Entry, names: set[str], previous_end: int, data_size:
         return f"offset {entry.offset} is not a multiple of {ALIGN}"
     if entry.offset < previous_end:
         return f"offset {entry.offset} overlaps the tensor before it (it ends at {previous_end})"
-    if _product(entry.shape) * entry.dtype.numpy.itemsize != entry.length:
+    if math.prod(entry.shape) * entry.dtype.numpy.itemsize != entry.length:
         return f"shape {list(entry.shape)} of {entry.dtype.name} is not {entry.length} bytes"
     if entry.offset + entry.length > data_size:
         return f"bytes [{entry.offset}, {entry.offset + entry.length}) run past the state's {data_size}"
     return None
-
-
-def _product(shape: tuple[int, ...]) -> int:
-    result = 1
-    for size in shape:
-        result *= size
-    return result
 
 
 def _align(offset: int) -> int:
