@@ -4,9 +4,11 @@
 
 Reports wall and CPU seconds (best of `--repeats`; on a shared machine CPU time
 is the steadier one), MB/s of fp32 input (k·N·4 bytes / CPU second) and the CPU
-time relative to the plain mean. CenteredClip runs twice: centred on a
-previous aggregate (every round after the first) and on the coordinate median
-(the first round). Target: CenteredClip (with a previous aggregate) ≤ 5× the mean.
+time relative to the plain mean. CenteredClip runs three times: centred on a
+previous aggregate (every round after the first), the same with a quarter of the
+contributions replaced by far attackers (then it runs all its iterations instead
+of stopping after one), and on the coordinate median (the first round).
+Target: CenteredClip (with a previous aggregate) ≤ 5× the mean.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ def cases(k: int, previous: np.ndarray) -> list[tuple[str, str, dict]]:
     return [
         ("mean", "mean", {}),
         ("centered_clip (previous)", "centered_clip", {"previous": previous}),
+        (f"centered_clip (previous, {k // 4} attackers)", "centered_clip", {"previous": previous}),
         ("centered_clip (median centre)", "centered_clip", {}),
         ("coordinate_median", "coordinate_median", {}),
         ("trimmed_mean β=0.2", "trimmed_mean", {"beta": 0.2}),
@@ -37,7 +40,10 @@ def cases(k: int, previous: np.ndarray) -> list[tuple[str, str, dict]]:
     ]
 
 
-def contributions(k: int, numel: int) -> tuple[list[np.ndarray], np.ndarray]:
+def contributions(k: int, numel: int) -> tuple[list[np.ndarray], np.ndarray, list[np.ndarray]]:
+    """Honest rows (a common vector plus independent noise), a previous aggregate like them, and the
+    same rows with the last k/4 replaced by colluding attackers at −100 × the common vector: the
+    outliers that make CenteredClip run all its iterations (its worst case for time)."""
     rng = np.random.default_rng(0)
     common = rng.standard_normal(numel, dtype=np.float32)
     rows = []
@@ -47,7 +53,9 @@ def contributions(k: int, numel: int) -> tuple[list[np.ndarray], np.ndarray]:
         rows.append(row)
     previous = rng.standard_normal(numel, dtype=np.float32)
     np.add(previous, common, out=previous)
-    return rows, previous
+    attacker = np.multiply(common, np.float32(-100.0))
+    attacked = rows[: k - k // 4] + [attacker] * (k // 4)
+    return rows, previous, attacked
 
 
 def main() -> None:
@@ -58,14 +66,15 @@ def main() -> None:
     parser.add_argument("--only", default="", help="comma-separated labels' first words to run (mean always runs)")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    rows, previous = contributions(args.contributions, args.numel)
+    rows, previous, attacked = contributions(args.contributions, args.numel)
     keys = [i.to_bytes(4, "big") for i in range(len(rows))]
     wanted = {word for word in args.only.split(",") if word}
     results, mean_cpu = [], None
     for label, name, options in cases(len(rows), previous):
         if wanted and name not in wanted and name != "mean":
             continue
-        wall, cpu, _ = best_of(lambda: aggregate(name, rows, keys=keys, **options), args.repeats)
+        inputs = attacked if "attackers" in label else rows
+        wall, cpu, _ = best_of(lambda: aggregate(name, inputs, keys=keys, **options), args.repeats)
         mean_cpu = mean_cpu or cpu
         results.append(
             {

@@ -96,8 +96,14 @@ class Grid:
         return self.clean_cache[key]
 
 
-def ratio(loss: float | str, reference: float) -> float | str:
-    return loss / reference if isinstance(loss, float) else "n/a"
+def ratio(loss: float | str, reference: float | str) -> float | str:
+    """loss / reference, or "n/a" when either run ended in an error (a string)."""
+    return loss / reference if isinstance(loss, float) and isinstance(reference, float) else "n/a"
+
+
+def shown(value: float | str, spec: str) -> str:
+    """A float formatted with `spec`; anything else (an "n/a" cell) as it is."""
+    return format(value, spec) if isinstance(value, float) else str(value)
 
 
 def main() -> None:
@@ -129,6 +135,7 @@ def main() -> None:
         "codec": "int8 + error feedback",
         "outer": "Nesterov lr 0.7 momentum 0.9",
         "byzantine_workers": "the last f indices; omniscient and colluding",
+        "alie_z": {f"{n}/{f}": round(attacks.alie_z(n, f), 3) for n, f in settings},
         "cpu_seconds": round(time.process_time() - started, 1),
         "cpu": "2 cores shared with other jobs",
         "quick": args.quick,
@@ -158,8 +165,8 @@ def summary(rows: list[dict]) -> str:
         table = {}
         for row in cells:
             value = row["vs_clean"] if row["attack"] != "none" else row["vs_mean"]
-            shown = f"{100 * (value - 1):+.1f}%" if isinstance(value, float) else value
-            table.setdefault(row["attack"], {"attack (none: vs mean)": row["attack"]})[row["aggregator"]] = shown
+            percent = f"{100 * (value - 1):+.1f}%" if isinstance(value, float) else value
+            table.setdefault(row["attack"], {"attack (none: vs mean)": row["attack"]})[row["aggregator"]] = percent
         lines += [f"N={workers}, f={f}: loss vs the same aggregator's clean run", "",
                   markdown_table(list(table.values())), ""]
     lines += targets(rows)
@@ -175,15 +182,15 @@ def targets(rows: list[dict]) -> list[str]:
         if attacked:
             worst = max(attacked, key=lambda r: r["vs_clean"] if isinstance(r["vs_clean"], float) else 9)
             met = all(isinstance(r["vs_clean"], float) and r["vs_clean"] <= limit for r in attacked)
-            out.append(f"- N={workers} f={f}: {DEFAULT} worst {worst['attack']} {worst['vs_clean']:.4f}x "
+            out.append(f"- N={workers} f={f}: {DEFAULT} worst {worst['attack']} {shown(worst['vs_clean'], '.4f')}x "
                        f"clean (target ≤ {limit}): {'met' if met else 'MISSED'}")
         for r in cells:
             if r["aggregator"] == DEFAULT and r["attack"] == "none":
-                met = r["vs_mean"] <= 1.005
-                out.append(f"- N={workers}: clean {DEFAULT} {r['vs_mean']:.4f}x clean mean (target ≤ 1.005): "
+                met = isinstance(r["vs_mean"], float) and r["vs_mean"] <= 1.005
+                out.append(f"- N={workers}: clean {DEFAULT} {shown(r['vs_mean'], '.4f')}x clean mean (target ≤ 1.005): "
                            f"{'met' if met else 'MISSED'}")
             if r["aggregator"] == "mean" and r["attack"] in ("sign_flip_x100", "alie"):
-                out.append(f"- N={workers} f={f}: mean under {r['attack']}: {r['vs_clean']:.3f}x clean")
+                out.append(f"- N={workers} f={f}: mean under {r['attack']}: {shown(r['vs_clean'], '.3f')}x clean")
     return out
 
 

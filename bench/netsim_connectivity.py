@@ -1,29 +1,33 @@
 """Benchmark: the `connectivity` scenario at scale (real py-libp2p hosts over the simulated network).
 
-    .venv/bin/python bench/netsim_connectivity.py [--nodes 1000] [--seed 1]
+    .venv/bin/python bench/netsim_connectivity.py [--nodes 100 200 500 1000] [--seed 1]
 
-Prints, per run: wall seconds, CPU seconds of this process (the steadier
-number on a shared machine), peak RSS (`ru_maxrss`), virtual seconds
-simulated, virtual seconds per wall second, connections attempted, and the
-gossip delivery ratio; one JSON line, then a markdown table.
+Each size runs in a fresh child process (so that its peak memory is its
+own). Prints, per run: wall seconds, CPU seconds of the run (the steadier
+number on a shared machine), peak RSS (`ru_maxrss` of the child) and the RSS
+it had before the run (imports: py-libp2p, and torch, which the scenario
+registry imports for the `checkpoint` scenario), virtual seconds simulated,
+virtual seconds per wall second and per CPU second, connections attempted,
+and the gossip delivery ratio; one JSON line, then a markdown table.
 
-Where the time goes (profiled at 30-50 nodes with a trio instrument): almost
-all of it is py-libp2p's per-connection work (Yamux frame handling,
-multistream negotiation, Identify on every new connection, Noise
-handshakes, the swarm's dial and retry machinery), not the simulator; at
-1000 nodes a run makes ~5,000 connections and ~15,000 connection attempts.
-A lighter mode was considered and not built: the only large saving is to
-skip py-libp2p (services over bare framed `SimStream`s, no Noise, Yamux or
-Identify), which would stop exercising the real node code that the
-simulator exists to test; fewer connections per node (`degree`) is the
-honest knob, and it changes what is measured.
+Where the time goes (cProfile and a trio instrument at 100-400 nodes): about
+a quarter is trio's scheduler (py-libp2p yields often: every lock, every
+frame), most of the rest py-libp2p's per-connection work (Yamux frame
+handling, multistream negotiation, Identify on every new connection, Noise),
+a few percent the simulator. What grew faster than the node count was the
+garbage collector walking a heap of a few million objects (`netsim.collector`
+now pauses it); Yamux's RTT pings every 30 s on every connection are spaced
+out (`netsim.libp2p_chores`).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+import os
 import resource
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -35,7 +39,13 @@ from _report import machine, report  # noqa: E402
 from locomesh.netsim.scenarios import connectivity  # noqa: E402
 
 
+def rss_now_mib() -> float:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * resource.getpagesize() / 2**20
+
+
 def run_once(nodes: int, seed: int) -> dict:
+    rss_before = rss_now_mib()
     wall_start, cpu_start = time.perf_counter(), time.process_time()
     result = connectivity.run(nodes=nodes, seed=seed, progress=lambda line: print(f"  [{nodes}] {line}", file=sys.stderr))
     wall, cpu = time.perf_counter() - wall_start, time.process_time() - cpu_start
@@ -45,6 +55,7 @@ def run_once(nodes: int, seed: int) -> dict:
         "nodes": nodes,
         "wall_s": round(wall, 1),
         "cpu_s": round(cpu, 1),
+        "rss_before_MiB": round(rss_before, 1),
         "peak_rss_MiB": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
         "virtual_s": virtual,
         "virtual_per_wall_s": round(virtual / wall, 3),
@@ -55,14 +66,27 @@ def run_once(nodes: int, seed: int) -> dict:
     }
 
 
+def run_in_child(nodes: int, seed: int) -> dict:
+    """`run_once` in a fresh interpreter; its progress goes to our stderr, its row comes back as JSON."""
+    command = [sys.executable, __file__, "--one", str(nodes), "--seed", str(seed)]
+    finished = subprocess.run(command, stdout=subprocess.PIPE, text=True, check=True)
+    return json.loads(finished.stdout.strip().splitlines()[-1])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, nargs="+", default=[1000])
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--one", type=int, help=argparse.SUPPRESS)  # child mode: one size, print its row
     args = parser.parse_args()
     logging.disable(logging.WARNING)  # py-libp2p logs every failed dial at INFO/WARNING
-    rows = [run_once(nodes, args.seed) for nodes in args.nodes]
-    report("netsim_connectivity", rows, {**machine(), "seed": args.seed, "target_wall_s_at_1000": 120})
+    if args.one is not None:
+        print(json.dumps(run_once(args.one, args.seed)))
+        return
+    load_before = os.getloadavg()[0]  # the machine is shared: wall time says more when this is low
+    rows = [run_in_child(nodes, args.seed) for nodes in args.nodes]
+    meta = {**machine(), "seed": args.seed, "target_wall_s_at_1000": 120, "load_average_before": load_before}
+    report("netsim_connectivity", rows, meta)
 
 
 if __name__ == "__main__":

@@ -35,6 +35,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     start.add_argument("--rpc-port", type=int, metavar="N", help="local RPC port on 127.0.0.1 (0: any free port)")
     start.add_argument("--log-format", choices=("text", "json"), help="log lines on stderr (default: text)")
     start.add_argument("--log-level", choices=("debug", "info", "warning", "error"), help="default: info")
+    start.add_argument("--attack", metavar="NAME", help="test adversary: commit this attack's payloads (see node/config.py)")
     start.set_defaults(handler=start_daemon)
 
     stop = commands.add_parser("stop", help="ask the running daemon to shut down")
@@ -52,6 +53,7 @@ def start_daemon(args: argparse.Namespace) -> int:
         "rpc_port": args.rpc_port,
         "log_format": args.log_format,
         "log_level": args.log_level,
+        "attack": args.attack,
     }
     try:
         config = load_config(data_dir=args.data_dir, config_file=args.config, flags=flags)

@@ -1,7 +1,8 @@
-"""`locomesh run create|list|info`: make a run, list the runs this node knows, find a run by ID.
+"""`locomesh run create|list|info|join|leave|status`: make, find, join and follow training runs.
 
-All three talk to the running daemon (``run.create``, ``run.list``,
-``run.info``; see `locomesh.node.run_registry_service`). Exit status: 0 with
+All talk to the running daemon (``run.create``, ``run.list``, ``run.info``: see
+`locomesh.node.run_registry_service`; ``run.join``, ``run.leave``, ``run.status``: see
+`locomesh.node.round_service`). Exit status: 0 with
 the answer, 1 when the daemon answers with an error (a run not found, a bad
 setting), 2 for bad arguments, 3 when no daemon runs on the data dir.
 
@@ -31,7 +32,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     create.add_argument("--task", required=True, help="the task's name")
     create.add_argument("--name", default="", help="a label for people (not unique)")
     create.add_argument(
-        "--set", action="append", default=[], metavar="KEY=VALUE", dest="settings", help="a task setting (repeat)"
+        "--set", action="append", default=[], metavar="KEY=VALUE", dest="settings",
+        help="a hyperparameter (inner_steps, outer_lr, codec, aggregator, round_deadline_s, ...) or a task setting (repeat)",
     )
     create.add_argument("--seed", type=int, help="the model's init seed (default: random)")
     create.add_argument("--public", action="store_true", help="publish the run in the DHT so anyone can find it by ID")
@@ -44,7 +46,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     info.add_argument("run_id", metavar="RUN_ID", help="the run's full ID")
     info.set_defaults(handler=show_run)
 
-    for sub in (create, listing, info):
+    join = commands.add_parser("join", help="train in a run: find it, sync its state, take part from the next round")
+    leave = commands.add_parser("leave", help="stop training in a run after the round under way")
+    status = commands.add_parser("status", help="this node's part in a run: phase, rounds, losses")
+    for sub, handler in ((join, join_run), (leave, leave_run), (status, run_status)):
+        sub.add_argument("run_id", metavar="RUN_ID", help="the run's full ID")
+        sub.set_defaults(handler=handler)
+
+    for sub in (create, listing, info, join, leave, status):
         add_data_dir_argument(sub)
         sub.add_argument("--json", action="store_true", help="print JSON")
 
@@ -104,16 +113,48 @@ def create_run(args: argparse.Namespace) -> int:
 
 @_exits
 def list_runs(args: argparse.Namespace) -> int:
-    result = _call(args, "run.list", {})
-    print(json.dumps(result, indent=2, sort_keys=True) if args.json else format_runs(result))
-    return EXIT_OK
+    return _show(args, "run.list", {}, format_runs)
 
 
 @_exits
 def show_run(args: argparse.Namespace) -> int:
-    result = _call(args, "run.info", {"run_id": args.run_id})
-    print(json.dumps(result, indent=2, sort_keys=True) if args.json else format_run(result))
+    return _show(args, "run.info", {"run_id": args.run_id}, format_run)
+
+
+@_exits
+def join_run(args: argparse.Namespace) -> int:
+    return _show(args, "run.join", {"run_id": args.run_id}, lambda result: f"joined; training from round {result['joins_at']}")
+
+
+@_exits
+def leave_run(args: argparse.Namespace) -> int:
+    return _show(args, "run.leave", {"run_id": args.run_id}, lambda result: f"left after round {result['last_round']}")
+
+
+@_exits
+def run_status(args: argparse.Namespace) -> int:
+    return _show(args, "run.status", {"run_id": args.run_id}, format_status)
+
+
+def _show(args: argparse.Namespace, method: str, params: dict[str, Any], formatter: Any) -> int:
+    """Call `method` and print its result as JSON (`--json`) or through `formatter`."""
+    result = _call(args, method, params)
+    print(json.dumps(result, indent=2, sort_keys=True) if args.json else formatter(result))
     return EXIT_OK
+
+
+def format_status(status: dict[str, Any]) -> str:
+    """`run.status` as a summary line and one line per finished round."""
+    lines = [
+        f"run {status['run_id']}: {status['phase']}, state of round {status['round']} "
+        f"(certified {status['certified']}), {status['members']} members, {status['peers']} peers connected"
+    ]
+    for record in status["history"]:
+        how = "synced" if record["synced"] else f"{record['contributors']} payloads"
+        loss = "-" if record["eval_loss"] is None else f"{record['eval_loss']:.4f}"
+        floor = "" if record["floor"] is None else f" (floor {record['floor']:.4f})"
+        lines.append(f"  round {record['round']:>4}: eval loss {loss}{floor}, {how}, {record['seconds']:.1f} s")
+    return "\n".join(lines)
 
 
 def _call(args: argparse.Namespace, method: str, params: dict[str, Any]) -> Any:

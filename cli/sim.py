@@ -17,8 +17,8 @@ import time
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("sim", help="run a network simulation (real node code, virtual time)")
-    parser.add_argument("scenario", help="scenario name (connectivity)")
-    parser.add_argument("--nodes", type=int, default=100, help="number of nodes, bootstrap nodes included")
+    parser.add_argument("scenario", help="scenario name (connectivity, dht, checkpoint, train)")
+    parser.add_argument("--nodes", type=int, default=100, help="number of nodes, bootstrap/seed nodes included")
     parser.add_argument("--seed", type=int, default=0, help="the same seed gives the same report")
     parser.add_argument("--report", help="where to write the JSON report (markdown goes beside it)")
     parser.add_argument("--verbose", action="store_true", help="show py-libp2p's own log lines")
@@ -31,7 +31,7 @@ def run_sim(args: argparse.Namespace) -> int:
 
     scenario = SCENARIOS.get(args.scenario)
     if scenario is None:
-        print(f"locomesh sim: no scenario {args.scenario!r}; known: {', '.join(sorted(SCENARIOS))}", file=sys.stderr)
+        print(f"locomesh sim: no scenario {args.scenario!r}; known: {', '.join(SCENARIOS)}", file=sys.stderr)
         return 2
     if args.nodes < 3:
         print("locomesh sim: --nodes must be at least 3", file=sys.stderr)

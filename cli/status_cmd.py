@@ -44,6 +44,7 @@ def format_status(status: dict[str, Any]) -> str:
         ("services", ", ".join(status.get("services", [])) or "-"),
         ("runs", ", ".join(str(run) for run in status.get("runs", [])) or "-"),
     ]
+    rows.extend(_nat_rows(status))
     for label, key in (("listening on", "listen_addrs"), ("observed as", "observed_addrs")):
         addresses = status.get(key) or ["-"]
         rows.extend((label if index == 0 else "", address) for index, address in enumerate(addresses))
@@ -51,15 +52,34 @@ def format_status(status: dict[str, Any]) -> str:
     return "\n".join(f"{label:<{width}}  {value}" for label, value in rows)
 
 
+def _nat_rows(status: dict[str, Any]) -> list[tuple[str, Any]]:
+    """Reachability and relay rows, when the daemon runs those services."""
+    rows: list[tuple[str, Any]] = []
+    reach = status.get("reachability")
+    if isinstance(reach, dict):
+        confirmed = ", ".join(reach.get("confirmed_addrs") or [])
+        proof = f" (dialled back at {confirmed})" if confirmed else ""
+        rows.append(("reachability", f"{reach.get('verdict')}{proof}"))
+    relay = status.get("relay")
+    if isinstance(relay, dict):
+        offering = f"offering ({relay.get('active_circuits', 0)} circuits)" if relay.get("offering") else "not offering"
+        rows.append(("relay", f"{offering}; reserved on {len(relay.get('reservations') or [])} relay(s)"))
+        addresses = relay.get("relay_addrs") or []
+        rows.extend(("relayed at" if index == 0 else "", address) for index, address in enumerate(addresses))
+    return rows
+
+
 def format_peers(peers: list[dict[str, Any]]) -> str:
-    """`node.peers` as a table with a header row."""
+    """`node.peers` as a table with a header row (CONNECTION: direct / hole-punched / relayed, when known)."""
     if not peers:
         return "no peers connected"
-    header = ("PEER ID", "DIRECTION", "CONNECTED SINCE", "ADDRESS")
+    with_kind = any("connection" in peer for peer in peers)
+    header = ("PEER ID", "DIRECTION", *(("CONNECTION",) if with_kind else ()), "CONNECTED SINCE", "ADDRESS")
     rows = [
         (
             str(peer.get("peer_id")),
             str(peer.get("direction")),
+            *((str(peer.get("connection", "-")),) if with_kind else ()),
             time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(peer.get("connected_since", 0))),
             (peer.get("connection_addrs") or peer.get("addrs") or ["-"])[0],
         )

@@ -1,6 +1,7 @@
 """locomesh.crdt: the run state as a signed, Byzantine-tolerant CRDT (pure, sans-IO).
 
-- `ops`: the op format (a signed envelope; its SHA-256 is the op ID);
+- `ops`: the op format (unsigned content, whose SHA-256 is the op ID, plus a seal);
+- `seal`: one signature over a batch of ops, a Merkle path per op;
 - `replica`: the DAG store: validation, the bounded pending buffer, heads;
 - `facts` and `view`: what the ops say, and the run state derived from it;
 - `evidence`: self-verifying proofs of equivocation; `snapshot`: certified compaction;

@@ -5,10 +5,12 @@ reaches the same verdict alone, whatever else it holds:
 
 - "fork": two different ops by one author with the same `seq` (an honest author's ops form one
   chain; a second op at the same place in it is a lie told to part of the network);
-- "double-vote": two round votes by one author for the same round with different hashes.
+- "double-vote": two round votes by one author for the same round with different hashes;
+- "double-commit": two payload commitments by one author for the same round that differ (in
+  hash or size: one payload cannot match both).
 
-The two ops need not be valid in the DAG (their parents may never be released): the signature
-alone makes each one the author's statement.
+The two ops need not be valid in the DAG (their parents may never be released): the seal
+alone (the author's signature over a batch holding the op) makes each one the author's statement.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from __future__ import annotations
 from locomesh.protocol import ProtocolError
 
 from .ops import Op, decode_op
+
+REASONS = ("fork", "double-vote", "double-commit", "double-propose")  # the order `evidence_fields` tries them in
 
 
 def guilty_author(reason: str, a_bytes: bytes, b_bytes: bytes, run: bytes) -> bytes:
@@ -35,17 +39,23 @@ def conflict(reason: str, a: Op, b: Op) -> bool:
     if reason == "fork":
         return a.seq == b.seq
     if reason == "double-vote":
-        return (
-            a.kind == b.kind == "crdt.vote" and a.body["round"] == b.body["round"] and a.body["hash"] != b.body["hash"]
-        )
+        return _same_round(a, b, "crdt.vote") and a.body["hash"] != b.body["hash"]
+    if reason == "double-commit":
+        return _same_round(a, b, "crdt.commit") and (a.body["hash"], a.body["size"]) != (b.body["hash"], b.body["size"])
+    if reason == "double-propose":
+        return _same_round(a, b, "crdt.propose") and a.body["authors"] != b.body["authors"]
     return False
+
+
+def _same_round(a: Op, b: Op, kind: str) -> bool:
+    return a.kind == b.kind == kind and a.body["round"] == b.body["round"]
 
 
 def evidence_fields(a: Op, b: Op) -> dict | None:
     """The body fields of an evidence op convicting the author of `a` and `b`, if they conflict."""
     if a.id == b.id or a.author != b.author:
         return None
-    for reason in ("fork", "double-vote"):
+    for reason in REASONS:
         if conflict(reason, a, b):
             first, second = sorted((a.data, b.data))
             return {"reason": reason, "a": first, "b": second}

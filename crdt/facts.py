@@ -7,6 +7,11 @@ any topological order, duplicates included, gives the same facts. Everything a u
 is where bans take effect, so an op by an author banned later keeps its place in the DAG while
 its effects are dropped.
 
+Beside the sets, `Facts` keeps a few indexes, each a pure function of the sets and updated as
+rows are added, so the questions asked on every poll cost no scan of the whole log: votes and
+commits by round, each author's newest join and leave, and the authors who contradicted
+themselves (two votes, two commitments or two proposals for one round).
+
 The facts are also what a snapshot carries: `encode` gives their one canonical form, its
 SHA-256 is the state hash that a quorum signs, and the facts of the ops covered by a snapshot
 plus the facts of the ops after it are the facts of a full replay (union is associative).
@@ -18,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from locomesh.protocol import ProtocolError, pack, unpack
+from locomesh.protocol.kinds import MAX_PAYLOAD_SIZE, MAX_PROPOSAL
 from locomesh.protocol.schema import Bytes, Int, List, Map, Scalar, Spec, Struct
 
 from .ops import Op, OpId
@@ -51,6 +57,8 @@ _FACTS_SCHEMA = Struct(
         "joins": _table(_hash, Int(1, 2**40), _int),
         "leaves": _table(_hash, Int(1, 2**40), _int),
         "votes": _table(_hash, _int, _hash),
+        "commits": _table(_hash, Int(1, 2**40), _hash, Int(1, MAX_PAYLOAD_SIZE)),
+        "proposals": _table(_hash, Int(1, 2**40), List(_hash, max_len=MAX_PROPOSAL, min_len=1)),
         "attests": _table(_hash, _int, _hash, _int),
         "hparams": _table(_int, _hash, _hash, Bytes(1, 64 * 1024)),
         "convicted": List(_hash, max_len=_ROWS),
@@ -65,14 +73,22 @@ class Facts:
     joins: set[tuple[bytes, int, int]] = field(default_factory=set)  # (author, seq, round)
     leaves: set[tuple[bytes, int, int]] = field(default_factory=set)  # (author, seq, round)
     votes: set[tuple[bytes, int, bytes]] = field(default_factory=set)  # (author, round, hash)
+    commits: set[tuple[bytes, int, bytes, int]] = field(default_factory=set)  # (author, round, hash, size)
+    proposals: set[tuple[bytes, int, tuple[bytes, ...]]] = field(default_factory=set)  # (author, round, authors)
     attests: set[tuple[bytes, int, bytes, int]] = field(default_factory=set)  # (author, round, id, size)
     hparams: set[tuple[int, OpId, bytes, bytes]] = field(default_factory=set)  # (round, op, author, packed changes)
     convicted: set[bytes] = field(default_factory=set)  # authors convicted by evidence ops
     # (author, state hash, frontier, op count)
     snapshots: set[tuple[bytes, bytes, tuple[OpId, ...], int]] = field(default_factory=set)
-    # Derived index, kept incrementally: one op per (author, seq) unless the author forked.
+    # Derived indexes, kept incrementally (see the module docstring).
     _chain: dict[tuple[bytes, int], OpId] = field(default_factory=dict, repr=False)
-    forked: set[bytes] = field(default_factory=set)
+    forked: set[bytes] = field(default_factory=set)  # two ops at one (author, seq)
+    equivocated: set[bytes] = field(default_factory=set)  # two votes, commitments or proposals for one round
+    newest_join: dict[bytes, tuple[int, int]] = field(default_factory=dict, repr=False)  # author -> (seq, round)
+    newest_leave: dict[bytes, tuple[int, int]] = field(default_factory=dict, repr=False)
+    _votes_by_round: dict[int, dict[bytes, set[bytes]]] = field(default_factory=dict, repr=False)
+    _commits_by_round: dict[int, dict[bytes, set[tuple[bytes, int]]]] = field(default_factory=dict, repr=False)
+    _proposals_by_round: dict[int, dict[bytes, set[tuple[bytes, ...]]]] = field(default_factory=dict, repr=False)
 
     def add(self, op: Op, depth: int, convicts: bytes | None = None) -> None:
         """Add the facts of one op; `convicts` is the author its (verified) evidence convicts."""
@@ -80,11 +96,15 @@ class Facts:
         body, author = op.body, op.author
         match op.type:
             case "join":
-                self.joins.add((author, op.seq, body["round"]))
+                self._add_join((author, op.seq, body["round"]))
             case "leave":
-                self.leaves.add((author, op.seq, body["round"]))
+                self._add_leave((author, op.seq, body["round"]))
             case "vote":
-                self.votes.add((author, body["round"], body["hash"]))
+                self._add_vote((author, body["round"], body["hash"]))
+            case "commit":
+                self._add_commit((author, body["round"], body["hash"], body["size"]))
+            case "propose":
+                self._add_proposal((author, body["round"], tuple(body["authors"])))
             case "checkpoint" | "attest":
                 self.attests.add((author, body["round"], body["id"], body["size"]))
             case "hparams":
@@ -95,11 +115,56 @@ class Facts:
                 assert convicts is not None, "evidence is verified before its facts are added"
                 self.convicted.add(convicts)
 
+    # --- the indexes ---------------------------------------------------------------------------
+
+    def votes_in(self, round_: int) -> dict[bytes, set[bytes]]:
+        """author -> the hashes it voted for in `round_` (more than one: it equivocated)."""
+        return self._votes_by_round.get(round_, {})
+
+    def commits_in(self, round_: int) -> dict[bytes, set[tuple[bytes, int]]]:
+        """author -> the (hash, size) commitments it made for `round_` (more than one: it equivocated)."""
+        return self._commits_by_round.get(round_, {})
+
+    def proposals_in(self, round_: int) -> dict[bytes, set[tuple[bytes, ...]]]:
+        """author -> the contributor sets it proposed for `round_` (more than one: it equivocated)."""
+        return self._proposals_by_round.get(round_, {})
+
     def _index(self, op_id: OpId, author: bytes, seq: int, depth: int) -> None:
         self.ops[op_id] = (author, seq, depth)
         other = self._chain.setdefault((author, seq), op_id)
         if other != op_id:
             self.forked.add(author)
+
+    def _add_join(self, row: tuple[bytes, int, int]) -> None:
+        self.joins.add(row)
+        _keep_newest(self.newest_join, row)
+
+    def _add_leave(self, row: tuple[bytes, int, int]) -> None:
+        self.leaves.add(row)
+        _keep_newest(self.newest_leave, row)
+
+    def _add_vote(self, row: tuple[bytes, int, bytes]) -> None:
+        self.votes.add(row)
+        author, round_, hash_ = row
+        self._by_round(self._votes_by_round, author, round_, hash_)
+
+    def _add_commit(self, row: tuple[bytes, int, bytes, int]) -> None:
+        # Two commitments differing in hash or size: one payload cannot match both, so the
+        # author told different peers different things about its round (same as a double vote).
+        self.commits.add(row)
+        author, round_, hash_, size = row
+        self._by_round(self._commits_by_round, author, round_, (hash_, size))
+
+    def _add_proposal(self, row: tuple[bytes, int, tuple[bytes, ...]]) -> None:
+        self.proposals.add(row)
+        author, round_, authors = row
+        self._by_round(self._proposals_by_round, author, round_, authors)
+
+    def _by_round(self, index: dict[int, dict[bytes, set]], author: bytes, round_: int, value: Any) -> None:
+        said = index.setdefault(round_, {}).setdefault(author, set())
+        said.add(value)
+        if len(said) > 1:
+            self.equivocated.add(author)
 
     # --- the canonical form (snapshots) ------------------------------------------------------
 
@@ -111,6 +176,8 @@ class Facts:
                 "joins": sorted(list(row) for row in self.joins),
                 "leaves": sorted(list(row) for row in self.leaves),
                 "votes": sorted(list(row) for row in self.votes),
+                "commits": sorted(list(row) for row in self.commits),
+                "proposals": sorted([a, r, list(who)] for a, r, who in self.proposals),
                 "attests": sorted(list(row) for row in self.attests),
                 "hparams": sorted(list(row) for row in self.hparams),
                 "convicted": sorted(self.convicted),
@@ -126,9 +193,16 @@ class Facts:
         facts = cls()
         for op_id, author, seq, depth in raw["ops"]:
             facts._index(op_id, author, seq, depth)
-        facts.joins = {tuple(row) for row in raw["joins"]}
-        facts.leaves = {tuple(row) for row in raw["leaves"]}
-        facts.votes = {tuple(row) for row in raw["votes"]}
+        for row in raw["joins"]:
+            facts._add_join(tuple(row))
+        for row in raw["leaves"]:
+            facts._add_leave(tuple(row))
+        for row in raw["votes"]:
+            facts._add_vote(tuple(row))
+        for row in raw["commits"]:
+            facts._add_commit(tuple(row))
+        for author, round_, authors in raw["proposals"]:
+            facts._add_proposal((author, round_, tuple(authors)))
         facts.attests = {tuple(row) for row in raw["attests"]}
         facts.hparams = {tuple(row) for row in raw["hparams"]}
         for row in raw["hparams"]:
@@ -138,3 +212,10 @@ class Facts:
         if facts.encode() != data:
             raise ProtocolError("non-canonical", "snapshot facts are not in their canonical order")
         return facts
+
+
+def _keep_newest(newest: dict[bytes, tuple[int, int]], row: tuple[bytes, int, int]) -> None:
+    """Keep author -> its (seq, round) that is largest (ties, only possible in a fork: larger round)."""
+    author, seq, round_ = row
+    if (seq, round_) > newest.get(author, (-1, 0)):
+        newest[author] = (seq, round_)

@@ -1,14 +1,20 @@
 """One replica of a run's state: the op DAG, its validation, and the materialised view.
 
-Theory of operation. `add(bytes)` is the one way in. An op is decoded and its signature
-checked once (ops.py); an op already held, applied or waiting, costs one SHA-256 and a dict
-lookup, which is the cache of verified op IDs. If all its dependencies are applied, it is
-applied now; otherwise it waits in the bounded pending buffer (pending.py) and every op it
-releases is applied in turn. Applying checks what depends on the causal past (the `seq`
-rule, evidence), records the op's facts (facts.py) and updates the heads. An op that fails
-is rejected with a `ProtocolError`, remembered by ID (bounded), and every op waiting on it is
-rejected too. No step reads a clock or depends on arrival order, so two replicas holding the
-same ops hold the same facts and `state` (view.py), whatever order the ops came in.
+Theory of operation. `add(bytes)` is the one way in. An op is decoded and its seal checked
+once (ops.py, seal.py); an op already held, applied or waiting, costs a parse, one SHA-256
+and a dict lookup, which is the cache of verified op IDs; the other ops of a sealed batch
+skip the signature check (`SealCache`). If all its dependencies are applied, it is applied
+now; otherwise it waits in the bounded pending buffer (pending.py) and every op it releases
+is applied in turn. Applying checks what depends on the causal past (the `seq` rule,
+evidence), records the op's facts (facts.py) and updates the heads. An authenticated op that
+fails is rejected with a `ProtocolError`, remembered by ID (bounded), and every op waiting on
+it is rejected too; bytes that fail before their seal proved the author are refused and
+forgotten, since the ID names only the content and a good copy may follow. No step reads a
+clock or depends on arrival order, so two replicas holding the same ops hold the same facts
+and `state` (view.py), whatever order the ops came in.
+
+Writing: `create` seals one op; `create_batch` chains several ops of one author and seals
+them with one signature, which is what makes a backlog cheap to verify.
 
 The `seq` rule: an op's `seq` is one more than the largest `seq` among its dependencies by
 the same author, or 1 when none is by that author. An honest author always lists its own
@@ -29,9 +35,10 @@ from locomesh.protocol.kinds import MAX_PARENTS
 from .evidence import guilty_author
 from .facts import Facts
 from .genesis import Genesis
-from .ops import Op, OpId, decode_op, encode_op, op_id
+from .ops import Op, OpId, content_id, decode_op, decode_wire, op_content, parse_wire, seal_ops
 from .pending import PendingBuffer
-from .view import RunState, derive
+from .seal import SealCache
+from .view import RunState, derive, electorate, round_commits, round_proposals, round_votes
 
 MiB = 1024 * 1024
 
@@ -70,6 +77,7 @@ class Replica:
         self._seen_seq: dict[tuple[bytes, int], OpId] = {}  # first op per (author, seq), applied or waiting
         self._newest: dict[bytes, tuple[int, OpId]] = {}  # author -> its newest applied (seq, id)
         self._state: RunState | None = None
+        self._seals = SealCache()
 
     @classmethod
     def from_facts(cls, genesis: Genesis, facts: Facts, heads: list[OpId], **limits: int) -> Replica:
@@ -121,29 +129,56 @@ class Replica:
             self._state = derive(self.facts, self.genesis)
         return self._state
 
+    def electorate(self, round_: int) -> set[bytes]:
+        """The authors eligible for round `round_` and not banned (view.py's rules)."""
+        return electorate(self.facts, round_)
+
+    def commits(self, round_: int) -> dict[bytes, tuple[bytes, int]]:
+        """author -> (payload hash, size) of round `round_`'s commitments by its electorate.
+
+        Reads the facts' per-round index: cheap enough to call on every poll.
+        """
+        return round_commits(self.facts, round_)
+
+    def proposals(self, round_: int) -> dict[bytes, tuple[bytes, ...]]:
+        """author -> the contributor set it proposed for round `round_`, for the round's electorate."""
+        return round_proposals(self.facts, round_)
+
+    def votes(self, round_: int) -> dict[bytes, bytes]:
+        """author -> the hash it voted for in round `round_`, for the round's electorate."""
+        return round_votes(self.facts, round_)
+
     # --- writing ------------------------------------------------------------------------------
 
     def add(self, data: bytes) -> Receipt:
         """Take one op from anywhere; raise `ProtocolError` if this op is invalid.
 
         A valid op is applied, or parked until its dependencies arrive. Ops that it releases
-        and that turn out invalid are listed in `Receipt.rejected`, not raised.
+        and that turn out invalid are listed in `Receipt.rejected`, not raised. A rejection is
+        remembered by op ID (and rejects the ops waiting on it) only once the seal proved who
+        wrote the op: bytes that are no op, or a broken seal, say nothing about the content the
+        ID names, and a copy with a good seal may still come.
         """
-        receipt = Receipt(op_id(data))
+        wire = parse_wire(data)
+        receipt = Receipt(wire.id)
         if receipt.id in self.facts.ops or receipt.id in self.pending:
             receipt.duplicate = True
             return receipt
+        if receipt.id in self._rejected:
+            raise self._rejected[receipt.id]
+        op = decode_wire(wire, self.run_id, self._seals)
         try:
-            self._take(data, receipt)
+            self._take(op, receipt)
         except ProtocolError:
             self._reject_waiters(receipt.id, receipt)  # ops waiting for this one can never apply
             raise
         return receipt
 
-    def _take(self, data: bytes, receipt: Receipt) -> None:
-        if receipt.id in self._rejected:
-            raise self._rejected[receipt.id]
-        op = self._decode(data, receipt.id)
+    def _take(self, op: Op, receipt: Receipt) -> None:
+        try:
+            self._check_writer(op.author, op.type)
+        except ProtocolError as error:
+            raise self._reject(op.id, error) from None
         self._note_seq(op, receipt)
         if any(dep in self._rejected for dep in op.dependencies):
             raise self._reject(op.id, ProtocolError("invalid-parent", "a dependency of this op is invalid"))
@@ -158,37 +193,52 @@ class Replica:
 
     def create(self, identity: Identity, op_type: str, **fields: Any) -> bytes:
         """Write a new op as `identity`, on top of our heads, apply it and return its bytes."""
+        return self.create_batch(identity, [(op_type, fields)])[0]
+
+    def create_batch(self, identity: Identity, ops: list[tuple[str, dict[str, Any]]]) -> list[bytes]:
+        """Write several ops as `identity` under one seal (one signature), apply them, return their bytes.
+
+        The first op goes on top of our heads, each next one on top of the one before (its
+        only parent), so the batch is one stretch of the author's chain. At most
+        `MAX_SEAL_OPS` ops (`ValueError` beyond); every op is checked before any is sealed.
+        """
         author = identity.public_key
-        own = self._newest.get(author)
-        parents = self._parents_for(own[1] if own else None)
-        data = encode_op(identity, self.run_id, f"crdt.{op_type}", parents, (own[0] + 1) if own else 1, **fields)
-        receipt = self.add(data)
-        if receipt.id not in self.facts.ops:
-            raise ProtocolError("not-applied", f"our own {op_type} op did not apply")
-        return data
+        seq, newest = self._newest.get(author, (0, None))
+        parents = self._parents_for(newest)
+        contents = []
+        for op_type, fields in ops:
+            self._check_writer(author, op_type)
+            seq += 1
+            contents.append(op_content(author, self.run_id, f"crdt.{op_type}", parents, seq, **fields))
+            parents = [content_id(contents[-1])]
+        sealed = seal_ops(identity, self.run_id, contents)
+        for data in sealed:
+            if self.add(data).id not in self.facts.ops:
+                raise ProtocolError("not-applied", "our own op did not apply")
+        return sealed
+
+    def op(self, op_id_: OpId) -> Op | None:
+        """The decoded op, if we hold its bytes."""
+        data = self._data.get(op_id_)
+        return None if data is None else decode_op(data, self.run_id, self._seals)
 
     # --- inside -------------------------------------------------------------------------------
 
-    def _decode(self, data: bytes, expected_id: OpId) -> Op:
-        try:
-            op = decode_op(data, self.run_id)
-            self.genesis.check_author(op.author)
-            if op.type == "hparams" and op.author not in self.genesis.hparam_writers:
-                raise ProtocolError("not-writer", "only keys named at genesis may change hyperparameters")
-        except ProtocolError as error:
-            raise self._reject(expected_id, error) from None
-        return op
+    def _check_writer(self, author: bytes, op_type: str) -> None:
+        """The genesis rules on who may write (and who may change hyperparameters)."""
+        self.genesis.check_author(author)
+        if op_type == "hparams" and author not in self.genesis.hparam_writers:
+            raise ProtocolError("not-writer", "only keys named at genesis may change hyperparameters")
 
     def _apply(self, op: Op) -> None:
         """Check what depends on the causal past, then record the op; raise if invalid."""
         try:
-            self._check_seq(op)
+            depth = self._depth_checking_seq(op)
             convicts = None
             if op.type == "evidence":
                 convicts = guilty_author(op.body["reason"], op.body["a"], op.body["b"], self.run_id)
         except ProtocolError as error:
             raise self._reject(op.id, error) from None
-        depth = 1 + max((self.facts.ops[dep][2] for dep in op.dependencies), default=0)
         self.facts.add(op, depth, convicts)
         self._data[op.id] = op.data
         self._deps[op.id] = op.dependencies
@@ -198,11 +248,17 @@ class Replica:
             self._newest[op.author] = (op.seq, op.id)
         self._state = None
 
-    def _check_seq(self, op: Op) -> None:
-        own = [self.facts.ops[dep][1] for dep in op.dependencies if self.facts.ops[dep][0] == op.author]
-        expected = max(own, default=0) + 1
-        if op.seq != expected:
-            raise ProtocolError("bad-seq", f"seq {op.seq} should be {expected}: one past the author's newest parent")
+    def _depth_checking_seq(self, op: Op) -> int:
+        """The op's depth in the DAG (1 + its deepest dependency); `ProtocolError` if its seq is wrong."""
+        own_seq = deepest = 0
+        for dep in op.dependencies:  # one pass: ops arrive by the thousand
+            author, seq, depth = self.facts.ops[dep]
+            if author == op.author and seq > own_seq:
+                own_seq = seq
+            deepest = max(deepest, depth)
+        if op.seq != own_seq + 1:
+            raise ProtocolError("bad-seq", f"seq {op.seq} should be {own_seq + 1}: one past the author's newest parent")
+        return deepest + 1
 
     def _release(self, applied: OpId, receipt: Receipt) -> None:
         """Apply every waiting op that `applied` completes, and what those complete, in turn."""
@@ -238,7 +294,7 @@ class Replica:
         if first != op.id:
             other = self._data.get(first) or getattr(self.pending.get(first), "data", None)
             if other is not None:
-                receipt.equivocations.append((decode_op(other, self.run_id), op))
+                receipt.equivocations.append((decode_op(other, self.run_id, self._seals), op))
 
     def _parents_for(self, own_newest: OpId | None) -> list[OpId]:
         """Our heads, at most MAX_PARENTS of them: our own newest op always, then the deepest."""

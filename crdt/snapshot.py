@@ -32,10 +32,9 @@ def facts_of_downset(replica: Replica, frontier: list[OpId]) -> Facts:
     covered = replica.ancestry(frontier)
     facts = Facts()
     for op_id in sorted(covered, key=lambda i: (replica.facts.ops[i][2], i)):
-        data = replica.get(op_id)
-        if data is None:
+        op = replica.op(op_id)
+        if op is None:
             raise ProtocolError("compacted", "part of this frontier's past is only known from a snapshot")
-        op = decode_op(data, replica.run_id)
         convicts = None
         if op.type == "evidence":
             convicts = guilty_author(op.body["reason"], op.body["a"], op.body["b"], replica.run_id)

@@ -39,6 +39,7 @@ Puller transitions (state, event) -> next state; any pair not in the table is a 
 from __future__ import annotations
 
 import enum
+import hashlib
 from dataclasses import dataclass, field
 
 from locomesh.protocol import Envelope, Identity, ProtocolError, decode, encode
@@ -166,7 +167,7 @@ class SyncPuller:
         try:
             receipt = self.replica.add(data)
         except ProtocolError as error:
-            self.progress.rejected.append((op_id(data), error))
+            self.progress.rejected.append((_name_of(data), error))
             return
         if receipt.duplicate:
             self._already_held.append(receipt.id)
@@ -177,6 +178,14 @@ class SyncPuller:
 
     def _message(self, kind: str, body: dict) -> bytes:
         return encode(self.identity, kind, body, run=self.replica.run_id)
+
+
+def _name_of(data: bytes) -> OpId:
+    """The op ID of `data` if it is shaped like an op, else the SHA-256 of the bytes (to report them)."""
+    try:
+        return op_id(data)
+    except ProtocolError:
+        return hashlib.sha256(data).digest()
 
 
 _PULLER_TRANSITIONS = {

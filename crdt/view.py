@@ -3,9 +3,9 @@
 Everything here is a pure function of the facts (facts.py), so of the op set. The rules:
 
 - **Bans**: an author is banned when the set proves it equivocated: two of its ops share a
-  `seq` (a fork), two of its votes name different hashes for one round, or an evidence op
-  convicts it (evidence.py). A banned author's ops stay in the DAG (others' ops point at them)
-  but count for nothing below.
+  `seq` (a fork), two of its votes name different hashes for one round, two of its payload
+  commitments (or two proposals) for one round differ, or an evidence op convicts it (evidence.py). A banned
+  author's ops stay in the DAG (others' ops point at them) but count for nothing below.
 - **Membership** (add-wins per author): an author's own join and leave ops form one chain, so
   its newest one by `seq` decides; it is a member when that is a join. Concurrent join/leave by
   one author can only come from a fork, and a fork is a ban. Only admitted authors can write at
@@ -19,6 +19,11 @@ Everything here is a pure function of the facts (facts.py), so of the op set. Th
   count for nothing. Known limit: a late join that names an old round enlarges that round's
   electorate and can take back its certificate; honest nodes never do that and a full
   causal-past rule would cost a walk of the DAG per certificate.
+- **Commitments**: a `commit` op binds its author to one payload (SHA-256, size) for a round.
+  `round_commits` lists, for one round, the commitments of unbanned authors eligible for it;
+  like `round_votes` it reads the facts' per-round index, so the round protocol can ask on
+  every poll. A `propose` op names the commitments a round aggregates (`round_proposals`); the
+  round protocol decides whose proposal counts (node/round_machine.py).
 - **Checkpoints**: a `checkpoint` op announces (round, id, size) and counts as its author's
   attestation; `attest` ops add more. For each round up to the certified one, the canonical
   checkpoint is the most attested by unbanned authors that ever joined, ties broken by the
@@ -105,7 +110,7 @@ class RunState:
 def derive(facts: Facts, genesis: Genesis) -> RunState:
     """The run state the facts describe under the genesis rules."""
     banned = _banned(facts)
-    joined, left = _newest(facts.joins, banned), _newest(facts.leaves, banned)
+    joined, left = _unbanned(facts.newest_join, banned), _unbanned(facts.newest_leave, banned)
     members = sorted(a for a, join in joined.items() if join[0] > left.get(a, (NEVER, 0))[0])
     rounds, electorates = _certified_rounds(facts, banned, joined, left)
     certified = rounds[-1][0] if rounds else 0
@@ -123,49 +128,84 @@ def derive(facts: Facts, genesis: Genesis) -> RunState:
     )
 
 
+def is_banned(facts: Facts, author: bytes) -> bool:
+    return author in facts.forked or author in facts.equivocated or author in facts.convicted
+
+
+def is_eligible(facts: Facts, author: bytes, round_: int) -> bool:
+    """May `author` take part in round `round_` (see the module docstring)? Bans not considered."""
+    join = facts.newest_join.get(author)
+    return join is not None and _eligible_with(join, facts.newest_leave.get(author, (NEVER, 0)), round_)
+
+
+def electorate(facts: Facts, round_: int) -> set[bytes]:
+    """The unbanned authors eligible for `round_`."""
+    return {a for a in facts.newest_join if not is_banned(facts, a) and is_eligible(facts, a, round_)}
+
+
+def round_votes(facts: Facts, round_: int) -> dict[bytes, bytes]:
+    """author -> voted hash, for the unbanned authors eligible for `round_` that voted in it."""
+    return {a: _only(hashes) for a, hashes in facts.votes_in(round_).items() if _counts(facts, a, round_)}
+
+
+def round_commits(facts: Facts, round_: int) -> dict[bytes, tuple[bytes, int]]:
+    """author -> (payload hash, size), for the unbanned authors eligible for `round_` that committed."""
+    return {a: _only(said) for a, said in facts.commits_in(round_).items() if _counts(facts, a, round_)}
+
+
+def round_proposals(facts: Facts, round_: int) -> dict[bytes, tuple[bytes, ...]]:
+    """author -> the contributor set it proposed, for the unbanned authors eligible for `round_`."""
+    return {a: _only(said) for a, said in facts.proposals_in(round_).items() if _counts(facts, a, round_)}
+
+
+def _counts(facts: Facts, author: bytes, round_: int) -> bool:
+    return not is_banned(facts, author) and is_eligible(facts, author, round_)
+
+
+def _only(values: set):
+    # An author with two values for one round is banned, so a counted author has exactly one.
+    (value,) = values
+    return value
+
+
 def _banned(facts: Facts) -> set[bytes]:
-    voted: dict[tuple[bytes, int], bytes] = {}
-    double_voters = set()
-    for author, round_, hash_ in facts.votes:
-        if voted.setdefault((author, round_), hash_) != hash_:
-            double_voters.add(author)
-    return facts.convicted | facts.forked | double_voters
+    return facts.convicted | facts.forked | facts.equivocated
 
 
-def _newest(rows: set[tuple[bytes, int, int]], banned: set[bytes]) -> dict[bytes, tuple[int, int]]:
-    """author -> (seq, round) of its newest row by seq (ties, only possible in a fork: larger round)."""
-    newest: dict[bytes, tuple[int, int]] = {}
-    for author, seq, round_ in rows:
-        if author not in banned and (seq, round_) > newest.get(author, (NEVER, 0)):
-            newest[author] = (seq, round_)
-    return newest
+def _unbanned(newest: dict[bytes, tuple[int, int]], banned: set[bytes]) -> dict[bytes, tuple[int, int]]:
+    return {author: row for author, row in newest.items() if author not in banned}
+
+
+def _eligible_with(join: tuple[int, int], leave: tuple[int, int], round_: int) -> bool:
+    (join_seq, first), (leave_seq, last) = join, leave
+    return first <= round_ and (leave_seq < join_seq or last >= round_)
 
 
 def _eligible(round_: int, joined: dict, left: dict) -> set[bytes]:
-    electorate = set()
-    for author, (join_seq, first) in joined.items():
-        leave_seq, last = left.get(author, (NEVER, 0))
-        if first <= round_ and (leave_seq < join_seq or last >= round_):
-            electorate.add(author)
-    return electorate
+    return {a for a, join in joined.items() if _eligible_with(join, left.get(a, (NEVER, 0)), round_)}
 
 
 def _certified_rounds(facts: Facts, banned: set[bytes], joined: dict, left: dict):
-    ballots: dict[int, dict[bytes, set[bytes]]] = defaultdict(lambda: defaultdict(set))
-    for author, round_, hash_ in facts.votes:
-        if author not in banned:
-            ballots[round_][hash_].add(author)
     rounds, electorates = [], {}
     round_ = 1
-    while round_ in ballots:
+    while ballots := _ballots(facts, round_, banned):  # rounds up to the first gap, not all votes
         electorate = _eligible(round_, joined, left)
         electorates[round_] = len(electorate)
-        winners = [h for h, voters in ballots[round_].items() if is_quorum(len(voters & electorate), len(electorate))]
+        winners = [h for h, voters in ballots.items() if is_quorum(len(voters & electorate), len(electorate))]
         if not winners:
             break
         rounds.append((round_, winners[0]))  # a quorum of single-vote authors is unique
         round_ += 1
     return rounds, electorates
+
+
+def _ballots(facts: Facts, round_: int, banned: set[bytes]) -> dict[bytes, set[bytes]]:
+    """hash -> the unbanned authors who voted for it in `round_`."""
+    ballots: dict[bytes, set[bytes]] = defaultdict(set)
+    for author, hashes in facts.votes_in(round_).items():
+        if author not in banned:
+            ballots[_only(hashes)].add(author)
+    return ballots
 
 
 def _canonical_checkpoints(facts: Facts, banned: set[bytes], ever_joined: set[bytes], certified: int):

@@ -14,8 +14,14 @@ Maintenance (all in `run`, each wait bounded):
   protocol and are missing from the table are added (this is how the
   configured bootstrap peers, dialled by the node, enter it); the first time
   the table is non-empty, and then every `REFRESH_INTERVAL` s, a refresh
-  lookup runs, each after a random delay, so nodes started together do not
-  all refresh at once (that starves some tables of peers);
+  runs, each after a random delay, so nodes started together do not
+  all refresh at once (that starves some tables of peers). A refresh
+  (`refresh_now`) looks up our own ID and one random key in each non-empty
+  bucket with our own walk (kept-open streams, stops once the K closest
+  answered), and every peer that answered joins the table. py-libp2p's
+  `refresh_routing_table` does the same lookups its own way, with a new
+  stream per query and random keys from `secrets` (so a simulation could
+  not repeat itself); ours reuse streams and draw keys from `rng`;
 * republishing: values we published, keys we provide, and our own peer
   record (re-signed with a higher `seq` and a later expiry) are sent again
   every `REPUBLISH_INTERVAL` s, jittered, well before anything expires.
@@ -196,12 +202,26 @@ class Discovery:
         delay = self.rng.uniform(0.0, 2.0)  # first lookup soon, but not in step with the others
         while True:
             await trio.sleep(delay)
-            with trio.move_on_after(OPERATION_TIMEOUT):
-                await self.dht.peer_routing.refresh_routing_table()
+            await self.refresh_now()
             # (py-libp2p's own loop, switched off in LocomeshKadDHT, expired records on this beat)
             self.dht.value_store.cleanup_expired()
             self.dht.provider_store.cleanup_expired()
             delay = REFRESH_INTERVAL * self.rng.uniform(0.75, 1.25)
+
+    async def refresh_now(self) -> None:
+        """Look up our own ID and a random key in each non-empty bucket; add the peers that answered."""
+        table = self.dht.routing_table
+        keys = [self.host.get_id().to_bytes()] + [
+            self.rng.randrange(bucket.min_range, max(bucket.min_range + 1, bucket.max_range)).to_bytes(32, "big")
+            for bucket in table.buckets
+            if bucket.size() > 0
+        ]
+        for key in keys:
+            with trio.move_on_after(OPERATION_TIMEOUT):
+                lookup = await self.dht._walk(key, lambda peer, key=key: self.dht.pool.find_node(peer, key))
+                for peer in lookup.answered:
+                    if not table.peer_in_table(peer):
+                        await self.dht.add_peer(peer)  # a full bucket pings its oldest peer first
 
     async def _close_idle_streams(self) -> None:
         while True:

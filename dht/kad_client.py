@@ -147,6 +147,10 @@ class KadStreamPool:
                 providers.append(PeerInfo(*parsed))
         return providers, self._closer_peers(answer)
 
+    async def find_node(self, peer: ID, key: bytes) -> list[ID]:
+        """FIND_NODE: the peers closest to `key` that `peer` knows (their addresses go into the peerstore)."""
+        return self._closer_peers(await self.request(peer, _message(Message.MessageType.FIND_NODE, key)))
+
     def _closer_peers(self, answer: Message) -> list[ID]:
         closer = []
         own = self.host.get_id()

@@ -15,7 +15,9 @@ Modules, from the bottom up:
   `SimTransport`; services, Byzantine hooks, crash.
 * `simulation`: `Simulation` and `run_simulation` (MockClock, seeded,
   deterministic scheduling); `libp2p_time` points py-libp2p's clock reads
-  at virtual time; `clock` is the clock locomesh code reads.
+  at virtual time, `libp2p_chores` spaces out its periodic pings; `clock`
+  is the clock locomesh code reads; `collector` keeps garbage collection
+  from walking a large run's heap over and over.
 * `faults`: timed actions, churn, slow nodes.
 * `pex`, `flood`: the small protocols the scenarios use (peer exchange off
   bootstrap nodes; flooding broadcast); `wire`: their frame checks.

@@ -17,6 +17,13 @@ a library call made before or after the run still works. The swap is undone
 on exit. Modules imported *during* the block would not be patched, so the
 ones py-libp2p imports lazily (found by listing `sys.modules` after a run)
 are imported first (`_LAZY_MODULES`).
+
+A few modules read the date through ``datetime.now()`` instead (Kademlia
+stamps each stored record with it, then compares the stamp with
+``time.time()`` and drops records "older" than 36 h: real date against
+virtual date, every stored value was dropped the first time it was asked
+for). Modules holding the `datetime` class get `_VirtualDatetime`, whose
+``now()`` follows the same proxy.
 """
 
 from __future__ import annotations
@@ -27,6 +34,8 @@ import time as _real_time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
+
+from datetime import datetime as _real_datetime
 
 import trio
 
@@ -68,6 +77,21 @@ class _VirtualTime:
         return getattr(_real_time, name)
 
 
+def _virtual_datetime(proxy: _VirtualTime) -> type[_real_datetime]:
+    """A `datetime` class whose ``now()`` (and ``utcnow()``) read `proxy`."""
+
+    class _VirtualDatetime(_real_datetime):
+        @classmethod
+        def now(cls, tz=None):  # noqa: ANN001, ANN206 - as datetime.now
+            return _real_datetime.fromtimestamp(proxy.time(), tz)
+
+        @classmethod
+        def utcnow(cls):  # noqa: ANN206 - as datetime.utcnow
+            return _real_datetime.utcfromtimestamp(proxy.time())
+
+    return _VirtualDatetime
+
+
 @contextmanager
 def libp2p_on_virtual_time(epoch: float) -> Iterator[int]:
     """Patch loaded libp2p modules to read the trio clock; yields how many were patched."""
@@ -80,10 +104,19 @@ def libp2p_on_virtual_time(epoch: float) -> Iterator[int]:
         for name, module in list(sys.modules.items())
         if (name == "libp2p" or name.startswith("libp2p.")) and getattr(module, "time", None) is _real_time
     ]
+    dated = [
+        module
+        for name, module in list(sys.modules.items())
+        if (name == "libp2p" or name.startswith("libp2p.")) and getattr(module, "datetime", None) is _real_datetime
+    ]
     for module in patched:
         module.time = proxy  # type: ignore[attr-defined]
+    for module in dated:
+        module.datetime = _virtual_datetime(proxy)  # type: ignore[attr-defined]
     try:
         yield len(patched)
     finally:
         for module in patched:
             module.time = _real_time  # type: ignore[attr-defined]
+        for module in dated:
+            module.datetime = _real_datetime  # type: ignore[attr-defined]

@@ -142,7 +142,7 @@ class Network:
         self._by_ip: dict[str, Interface] = {}
         self._by_name: dict[str, Interface] = {}
         self._boxes: dict[str, NatBox] = {}
-        self._lan_hosts: dict[int, int] = {}  # id(box) -> hosts allocated behind it
+        self._behind: dict[int, list[Interface]] = {}  # id(box) -> the nodes attached behind it
         self._box_changed: dict[int, trio.lowlevel.ParkingLot] = {}
         self._listeners: dict[Endpoint, Accept] = {}
         self._paths: dict[tuple[str, str], LinkProfile] = {}
@@ -157,7 +157,7 @@ class Network:
         ip = str(ipaddress.IPv4Address("100.64.0.1") + len(self._boxes))
         box = self._boxes[ip] = NatBox(ip, nat_type)
         self._box_changed[id(box)] = trio.lowlevel.ParkingLot()
-        self._lan_hosts[id(box)] = 0
+        self._behind[id(box)] = []
         return box
 
     def attach(
@@ -168,17 +168,21 @@ class Network:
         profile: LinkProfile = LinkProfile(),
         capacity: Capacity = Capacity(),
     ) -> Interface:
-        """Attach a node: public (a 1.0.0.0/8 address) or behind `nat` (a 10.x address of that LAN)."""
+        """Attach a node: public (a 1.0.0.0/8 address, one /24 each) or behind `nat` (a 10.x address of that LAN).
+
+        One /24 per public node, as on the internet: py-libp2p's Kademlia keeps at most two peers
+        of one /24 in a bucket, so packed addresses would starve every routing table."""
         if name in self._by_name:
             raise ValueError(f"a node named {name!r} is already attached")
         if nat is None:
             self._public_hosts += 1
-            ip = str(ipaddress.IPv4Address("1.0.0.0") + self._public_hosts)
+            ip = str(ipaddress.IPv4Address("1.0.0.1") + (self._public_hosts << 8))
         else:
-            self._lan_hosts[id(nat)] += 1
             box_index = int(ipaddress.IPv4Address(nat.public_ip)) - int(ipaddress.IPv4Address("100.64.0.1"))
-            ip = str(ipaddress.IPv4Address("10.0.0.0") + (box_index << 8) + self._lan_hosts[id(nat)])
+            ip = str(ipaddress.IPv4Address("10.0.0.0") + (box_index << 8) + len(self._behind[id(nat)]) + 1)
         interface = Interface(name, ip, nat, profile, capacity)
+        if nat is not None:
+            self._behind[id(nat)].append(interface)
         self._by_ip[ip] = interface
         self._by_name[name] = interface
         return interface
@@ -189,7 +193,7 @@ class Network:
 
     def behind(self, box: NatBox) -> list[Interface]:
         """The nodes attached behind `box`."""
-        return [i for i in self._by_name.values() if i.nat is box]
+        return list(self._behind.get(id(box), ()))
 
     def interface(self, name: str) -> Interface:
         return self._by_name[name]
@@ -229,6 +233,9 @@ class Network:
     def crash(self, interface: Interface) -> None:
         """The node vanishes: it stops listening, its connections are reset; `recover` brings it back."""
         interface.up = False
+        # Its listeners go with it: the host's own close may not get to them before a restart.
+        for endpoint in [endpoint for endpoint in self._listeners if endpoint[0] == interface.ip]:
+            del self._listeners[endpoint]
         for connection in self._live_connections():
             if interface in (connection.a, connection.b):
                 connection.reset(f"{interface.name} crashed")

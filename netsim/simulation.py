@@ -12,9 +12,15 @@ same run, byte for byte, because everything that could differ is pinned:
   unless told otherwise; we switch it to its deterministic mode (the one
   pytest-trio and Hypothesis use: tasks ordered by creation, shuffled by a
   seeded generator) for the duration of the run;
+* garbage collection: paused, and run at virtual instants chosen by how
+  much was allocated (`collector`);
 * clocks: py-libp2p's own reads of `time.time()`/`time.monotonic()` are
   redirected to the virtual clock (`libp2p_time.py`), and locomesh code
   reads `locomesh.netsim.clock`, which a run sets to virtual wall time.
+
+Two things are retuned for speed only: garbage collection (`collector`: a
+large run spent a fifth of its time walking the same objects) and Yamux's
+periodic RTT pings (`libp2p_chores`).
 
 What stays random: Noise's ephemeral keys (from the OS); they change bytes
 on the wire, never their sizes or timing. Across *processes*, Python's hash
@@ -36,7 +42,8 @@ import trio.testing
 
 from locomesh.protocol import Identity
 
-from . import clock
+from . import clock, collector
+from .libp2p_chores import libp2p_chores_retuned
 from .libp2p_time import libp2p_on_virtual_time
 from .links import Capacity, LinkProfile
 from .nat import NatBox
@@ -105,11 +112,17 @@ def run_simulation(seed: int, main: Callable[[Simulation], Awaitable[T]], *, syn
         with clock.use_clock(clock.VirtualWallClock(VIRTUAL_EPOCH)):
             async with trio.open_nursery() as nursery:
                 sim.nursery = nursery
+                nursery.start_soon(collector.collect_when_grown)
                 result = await main(sim)
                 nursery.cancel_scope.cancel()
         return result
 
-    with _deterministic(seed), libp2p_on_virtual_time(VIRTUAL_EPOCH):
+    with (
+        _deterministic(seed),
+        libp2p_on_virtual_time(VIRTUAL_EPOCH),
+        libp2p_chores_retuned(),
+        collector.paused_collection(),
+    ):
         return trio.run(body, clock=trio.testing.MockClock(autojump_threshold=0))
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import importlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -46,6 +46,17 @@ REQUEST_TIMEOUT = 30.0  # per frame; generous, as a provider's first request may
 BUSY_BACKOFF = 0.2
 MAX_WINDOW = 4
 TRANSPORTS = ("auto", "dataplane", "libp2p")
+
+# How blocking store work (hashing, file I/O, fsync) is run: in a worker thread by default, so
+# the event loop stays free. The simulator runs it inline instead (`run_inline`): a thread's
+# real duration would let virtual time jump ahead unpredictably, and same seed => same run.
+Offload = Callable[..., Awaitable[Any]]
+
+
+async def run_inline(function: Callable[..., Any], *args: Any) -> Any:
+    """An `Offload` that runs `function(*args)` on the event loop (it takes no virtual time)."""
+    await trio.lowlevel.checkpoint()
+    return function(*args)
 
 
 class DownloadError(Exception):
@@ -173,14 +184,15 @@ async def download_checkpoint(
     progress: DownloadProgress,
     max_window: int = MAX_WINDOW,
     transport: str = "auto",
+    offload: Offload = trio.to_thread.run_sync,
 ) -> Manifest:
     """Download checkpoint `checkpoint_id` into the store at `directory` from `providers`; return its manifest.
 
     Raises `DownloadError` when it cannot finish; chunks already verified stay
     stored, so a later call resumes. Cancelling it leaves the store consistent.
     """
-    store = await trio.to_thread.run_sync(checkpoint_store)
-    local = await trio.to_thread.run_sync(_installed_manifest, store, directory, checkpoint_id)
+    store = await offload(checkpoint_store)
+    local = await offload(_installed_manifest, store, directory, checkpoint_id)
     if local is not None:
         progress.state, progress.chunks_total = "done", len(local.chunks)
         progress.chunks_stored = len(local.chunks)
@@ -190,13 +202,13 @@ async def download_checkpoint(
     }
     try:
         manifest = await _fetch_manifest(sessions, checkpoint_id, scores)
-        missing = await trio.to_thread.run_sync(store.missing_chunks, directory, manifest)
+        missing = await offload(store.missing_chunks, directory, manifest)
         progress.state, progress.chunks_total = "chunks", len(manifest.chunks)
         progress.chunks_stored = len(manifest.chunks) - len(missing)
         wanted = {index: manifest.chunks[index].size for index in missing}
         schedule = DownloadSchedule(wanted, list(sessions), max_window=max_window)
-        await _ChunkFetcher(store, directory, manifest, schedule, sessions, scores, progress).run()
-        await trio.to_thread.run_sync(_install, store, directory, manifest)
+        await _ChunkFetcher(store, directory, manifest, schedule, sessions, scores, progress, offload).run()
+        await offload(_install, store, directory, manifest)
         progress.state = "done"
         return manifest
     finally:
@@ -247,10 +259,10 @@ class _ChunkFetcher:
 
     def __init__(
         self, store: ModuleType, directory: Path, manifest: Manifest, schedule: DownloadSchedule,
-        sessions: dict[str, ProviderSession], scores: PeerScores, progress: DownloadProgress,
+        sessions: dict[str, ProviderSession], scores: PeerScores, progress: DownloadProgress, offload: Offload,
     ) -> None:
         self.store, self.directory, self.manifest, self.schedule = store, directory, manifest, schedule
-        self.sessions, self.scores, self.progress = sessions, scores, progress
+        self.sessions, self.scores, self.progress, self.offload = sessions, scores, progress, offload
         self._changed = trio.Event()
 
     async def run(self) -> None:
@@ -310,7 +322,7 @@ class _ChunkFetcher:
         if reply.status != wire.OK:
             return Outcome.BUSY if reply.status == wire.BUSY else Outcome.NOT_FOUND
         try:
-            await trio.to_thread.run_sync(self.store.store_chunk, self.directory, self.manifest, index, reply.payload)
+            await self.offload(self.store.store_chunk, self.directory, self.manifest, index, reply.payload)
         except CheckpointError as error:
             return self._bad(peer, index, error.reason)
         self.progress.chunks_fetched += 1

@@ -18,22 +18,36 @@ in the service's nursery and returns its progress; `checkpoint.progress`,
 `checkpoint.cancel`, `checkpoint.list` and `checkpoint.peers` (reputations)
 complete the RPC surface, and ``node.status`` shows the downloads under
 ``checkpoints``. Providers are peer IDs (already known to the node) or
-multiaddrs ending in ``/p2p/<peer id>``; the DHT fills this list later.
+multiaddrs ending in ``/p2p/<peer id>``.
+
+The DHT (given as `discovery`, a callable returning the node's `Discovery`
+once it runs): every installed checkpoint is announced as a provider record
+under `records.checkpoint_key` (`Discovery.provide`, which also republishes
+it well before it expires). Checkpoints written here by others (the round
+service) are picked up by a scan every `ANNOUNCE_INTERVAL` s; a finished
+download is announced at once. A download given no providers looks them up
+with `Discovery.find_providers` (one entry per peer, never ourselves).
 """
 
 from __future__ import annotations
 
 import logging
 from collections import OrderedDict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import trio
+from libp2p.peer.id import ID
 
-from locomesh.training.checkpoint_manifest import CheckpointError, Manifest, read_manifest
+from locomesh.dht import records
+from locomesh.dht.discovery import Discovery, DiscoveryError
+from locomesh.training.checkpoint_manifest import CheckpointError, Manifest, chunk_path, manifest_path, read_manifest
 
 from . import checkpoint_wire as wire
-from .checkpoint_download import MAX_WINDOW, TRANSPORTS, DownloadError, DownloadProgress, checkpoint_store, download_checkpoint, parse_provider
+from .checkpoint_download import (
+    MAX_WINDOW, TRANSPORTS, DownloadError, DownloadProgress, Offload, download_checkpoint, parse_provider,
+)
 from .dataplane import DataPlaneServer
 from .peer_scores import PeerScores
 from .rpc import RpcError
@@ -49,14 +63,32 @@ MAX_KEPT_DOWNLOADS = 32
 MAX_STREAMS = 16  # per provider; py-libp2p allows 256 outbound streams per connection in all
 _MANIFEST_CACHE = 32
 _HASH_HEX = 64
+ANNOUNCE_INTERVAL = 300.0  # how often the store is scanned for checkpoints not announced yet
+DISCOVERY_POLL = 1.0  # while the node's DHT is not up yet
+PROVIDER_ADDR_TTL = 600  # seconds the addresses in a provider record stay in the peerstore
+
+DiscoverySource = Callable[[], "Discovery | None"]
 
 
 class CheckpointService:
     name = "checkpoints"
 
-    def __init__(self, directory: str | Path, *, max_uploads: int = MAX_UPLOADS, dataplane: bool = True) -> None:
+    def __init__(
+        self,
+        directory: str | Path,
+        *,
+        max_uploads: int = MAX_UPLOADS,
+        dataplane: bool = True,
+        discovery: DiscoverySource | None = None,
+        offload: Offload = trio.to_thread.run_sync,
+    ) -> None:
+        """`discovery`: returns the node's `Discovery` (None until it runs); without it nothing is
+        announced and every download needs its providers given. `offload`: how blocking store work runs."""
         self.directory = Path(directory)
         self.dataplane = dataplane
+        self._discovery = discovery
+        self._offload = offload
+        self.announced: set[bytes] = set()  # checkpoints whose provider record went out
         self._uploads = trio.Semaphore(max_uploads)
         self._manifests: OrderedDict[bytes, Manifest] = OrderedDict()
         self.downloads: dict[bytes, DownloadProgress] = {}
@@ -83,6 +115,8 @@ class CheckpointService:
             self._nursery = nursery
             if self.dataplane:
                 await nursery.start(DataPlaneServer(_listen_host(node), self.serve_requests).run, node)
+            if self._discovery is not None:
+                nursery.start_soon(self._announce_installed)
             task_status.started()
             await trio.sleep_forever()
 
@@ -105,7 +139,7 @@ class CheckpointService:
                 await wire.answer(stream, self._node.identity, wire.BUSY, timeout=FRAME_TIMEOUT)
                 continue
             try:
-                payload = await trio.to_thread.run_sync(self._read, request)
+                payload = await self._offload(self._read, request)
                 status = wire.NOT_FOUND if payload is None else wire.OK
                 self._served.inc(answer=status if request.index is None else f"chunk-{status}")
                 await wire.answer(stream, self._node.identity, status, payload or b"", timeout=FRAME_TIMEOUT)
@@ -114,9 +148,8 @@ class CheckpointService:
 
     def _read(self, request: wire.Request) -> bytes | None:
         """The bytes a request asks for from the local store, or None if it is not here (runs in a thread)."""
-        store = checkpoint_store()
         try:
-            manifest = self._manifest(store, request.checkpoint_id)
+            manifest = self._manifest(request.checkpoint_id)
         except (OSError, CheckpointError):
             return None
         if request.index is None:
@@ -125,16 +158,16 @@ class CheckpointService:
             return None
         ref = manifest.chunks[request.index]
         try:
-            data = store.chunk_path(self.directory, ref.hash).read_bytes()
+            data = chunk_path(self.directory, ref.hash).read_bytes()
         except OSError:
             return None
         return data if len(data) == ref.size else None
 
-    def _manifest(self, store: Any, checkpoint_id: bytes) -> Manifest:
+    def _manifest(self, checkpoint_id: bytes) -> Manifest:
         """An installed manifest, parsed once and kept in a small cache (parsing recomputes its Merkle root)."""
         manifest = self._manifests.get(checkpoint_id)
         if manifest is None:
-            data = store.manifest_path(self.directory, checkpoint_id).read_bytes()
+            data = manifest_path(self.directory, checkpoint_id).read_bytes()
             manifest = read_manifest(data, expected_id=checkpoint_id)
             self._manifests[checkpoint_id] = manifest
             while len(self._manifests) > _MANIFEST_CACHE:
@@ -144,9 +177,11 @@ class CheckpointService:
     # --- downloading -----------------------------------------------------------------------
 
     def start_download(
-        self, checkpoint_id: bytes, providers: list[str], *, streams: int = MAX_WINDOW, transport: str = "auto"
+        self, checkpoint_id: bytes, providers: list[str] = (), *, streams: int = MAX_WINDOW, transport: str = "auto"
     ) -> DownloadProgress:
-        """Start downloading `checkpoint_id` unless a download of it is under way; its progress."""
+        """Start downloading `checkpoint_id` unless a download of it is under way; its progress.
+
+        With no `providers`, they are looked up in the DHT first."""
         current = self.downloads.get(checkpoint_id)
         if current is not None and current.state in ("manifest", "chunks"):
             return current
@@ -155,7 +190,7 @@ class CheckpointService:
         self.downloads.pop(checkpoint_id, None)
         self.downloads[checkpoint_id] = progress
         self._forget_old_downloads()
-        self._nursery.start_soon(self._download, checkpoint_id, providers, progress, streams, transport)
+        self._nursery.start_soon(self._download, checkpoint_id, list(providers), progress, streams, transport)
         return progress
 
     def _forget_old_downloads(self) -> None:
@@ -171,11 +206,13 @@ class CheckpointService:
         with trio.CancelScope() as scope:
             self._cancel_scopes[checkpoint_id] = scope
             try:
+                providers = providers or await self.find_providers(checkpoint_id)
                 await download_checkpoint(
                     self._node, self.directory, checkpoint_id, providers, scores=self.scores, progress=progress,
-                    max_window=streams, transport=transport,
+                    max_window=streams, transport=transport, offload=self._offload,
                 )
                 logger.info("checkpoint %s downloaded", checkpoint_id.hex())
+                self._nursery.start_soon(self.announce, checkpoint_id)
             except (DownloadError, OSError) as error:
                 progress.state, progress.error = "failed", str(error)
                 logger.warning("checkpoint %s: download failed: %s", checkpoint_id.hex(), error)
@@ -184,20 +221,72 @@ class CheckpointService:
         if scope.cancelled_caught:
             progress.state = "cancelled"
 
+    # --- the DHT ---------------------------------------------------------------------------
+
+    async def find_providers(self, checkpoint_id: bytes) -> list[str]:
+        """Peer IDs of the checkpoint's providers in the DHT, once each, never ours; their addresses
+        go into the peerstore so the download can dial them. `DownloadError` if there are none."""
+        assert self._node is not None
+        discovery = self._discovery() if self._discovery is not None else None
+        if discovery is None:
+            raise DownloadError("no providers given, and no DHT to look them up in")
+        try:
+            found = await discovery.find_providers(records.checkpoint_key(checkpoint_id), limit=MAX_PROVIDERS)
+        except DiscoveryError as error:
+            raise DownloadError(f"looking up providers failed: {error}") from None
+        providers: list[str] = []
+        for info in found:
+            peer = str(info.peer_id)
+            if peer == self._node.peer_id or peer in providers:
+                continue
+            if info.addrs:
+                self._node.host.get_peerstore().add_addrs(ID.from_base58(peer), info.addrs, PROVIDER_ADDR_TTL)
+            providers.append(peer)
+        if not providers:
+            raise DownloadError(f"no provider of {checkpoint_id.hex()} found in the DHT")
+        return providers
+
+    async def announce(self, checkpoint_id: bytes) -> None:
+        """Provide `checkpoint_id` in the DHT (`Discovery` keeps republishing it); once per checkpoint."""
+        discovery = self._discovery() if self._discovery is not None else None
+        if discovery is None or checkpoint_id in self.announced:
+            return
+        # `provide` gives up after a while; the key stays with `Discovery`, which republishes it.
+        await discovery.provide(records.checkpoint_key(checkpoint_id))
+        self.announced.add(checkpoint_id)
+
+    async def _announce_installed(self) -> None:
+        """Announce every installed checkpoint, and every `ANNOUNCE_INTERVAL` s the ones added since."""
+        assert self._discovery is not None
+        while (discovery := self._discovery()) is None:
+            await trio.sleep(DISCOVERY_POLL)
+        await discovery.wait_seeded()  # a provide before that would reach no peer, only our own store
+        while True:
+            for checkpoint_id in await self._offload(self._installed_ids):
+                await self.announce(checkpoint_id)
+            await trio.sleep(ANNOUNCE_INTERVAL)
+
+    def _installed_ids(self) -> list[bytes]:
+        return [bytes.fromhex(entry["id"]) for entry in self._list()]
+
     # --- RPC and status --------------------------------------------------------------------
 
     async def _rpc_fetch(
-        self, id: str, providers: list[str], streams: int = MAX_WINDOW, transport: str = "auto"
+        self, id: str, providers: list[str] | None = None, streams: int = MAX_WINDOW, transport: str = "auto"
     ) -> dict[str, Any]:
-        """Start a download (`streams`: requests in flight per provider at most; `transport`: auto,
-        dataplane or libp2p) and return its progress."""
+        """Start a download (`providers`: none or empty to look them up in the DHT; `streams`: requests
+        in flight per provider at most; `transport`: auto, dataplane or libp2p) and return its progress."""
+        if providers is None or providers == []:
+            if self._discovery is None:
+                raise RpcError.invalid_params("providers must be given: this node has no DHT")
+            providers = []
         if transport not in TRANSPORTS:
             raise RpcError.invalid_params(f"transport must be one of {', '.join(TRANSPORTS)}")
         checkpoint_id = _parse_id(id)
         if isinstance(streams, bool) or not isinstance(streams, int) or not 1 <= streams <= MAX_STREAMS:
             raise RpcError.invalid_params(f"streams must be an integer in [1, {MAX_STREAMS}]")
-        if not isinstance(providers, list) or not 1 <= len(providers) <= MAX_PROVIDERS:
-            raise RpcError.invalid_params(f"providers must be a list of 1 to {MAX_PROVIDERS} peer IDs or multiaddrs")
+        if not isinstance(providers, list) or len(providers) > MAX_PROVIDERS:
+            raise RpcError.invalid_params(f"providers must be a list of at most {MAX_PROVIDERS} peer IDs or multiaddrs")
         for provider in providers:
             if not isinstance(provider, str):
                 raise RpcError.invalid_params("each provider is a string")
@@ -224,14 +313,13 @@ class CheckpointService:
         return self.scores.to_json()
 
     async def _rpc_list(self) -> list[dict[str, Any]]:
-        return await trio.to_thread.run_sync(self._list)
+        return await self._offload(self._list)
 
     def _list(self) -> list[dict[str, Any]]:
-        store = checkpoint_store()
         listed = []
         for path in sorted((self.directory / "manifests").glob("*.msgpack")):
             try:
-                manifest = self._manifest(store, bytes.fromhex(path.name.removesuffix(".msgpack")))
+                manifest = self._manifest(bytes.fromhex(path.name.removesuffix(".msgpack")))
             except (ValueError, OSError, CheckpointError):
                 continue  # not a manifest of ours (or damaged): not listed, not served
             listed.append({"id": manifest.id.hex(), "round": manifest.round, "run": manifest.run.hex(),

@@ -15,7 +15,18 @@ bootstrap          LOCOMESH_BOOTSTRAP      --bootstrap MULTIADDR         []
 rpc_port           LOCOMESH_RPC_PORT       --rpc-port N                  0 (any free port)
 log_format         LOCOMESH_LOG_FORMAT     --log-format text|json        "text"
 log_level          LOCOMESH_LOG_LEVEL      --log-level LEVEL             "info"
+attack             LOCOMESH_ATTACK         --attack NAME                 "" (honest)
+relay              LOCOMESH_RELAY          (file / environment only)     "auto"
+nat_traversal      LOCOMESH_NAT_TRAVERSAL  (file / environment only)     "on"
 =================  ======================  ============================  ==========================
+
+``attack`` turns the node into a test adversary: it trains like everyone else, then commits the
+named attack's payload (`locomesh.training.attacks`, e.g. ``sign_flip_x100``) instead of its own.
+It exists so that tests and simulations can show the aggregation holding; honest users leave it empty.
+
+``relay`` says when this node relays for others (circuit relay v2, bounded): ``auto`` once its
+reachability check finds it public, ``on`` always, ``off`` never. ``nat_traversal = "off"`` stops it
+from reserving relay slots when private and from hole punching (`locomesh.node.nat`).
 
 A list given at a higher level replaces the lower one (it is not merged).
 Every bad value raises `ConfigError` with a one-line message naming where the
@@ -37,6 +48,8 @@ ENV_PREFIX = "LOCOMESH_"
 DEFAULT_LISTEN = ("/ip4/0.0.0.0/tcp/0",)
 LOG_FORMATS = ("text", "json")
 LOG_LEVELS = ("debug", "info", "warning", "error")
+RELAY_MODES = ("auto", "on", "off")  # = locomesh.node.nat.relay_service.RELAY_MODES (no libp2p import here)
+ON_OFF = ("on", "off")
 CONFIG_FILE_NAME = "config.toml"
 _MAX_CONFIG_FILE = 1024 * 1024
 
@@ -53,6 +66,9 @@ class NodeConfig:
     rpc_port: int = 0
     log_format: str = "text"
     log_level: str = "info"
+    attack: str = ""
+    relay: str = "auto"
+    nat_traversal: str = "on"
     config_file: Path | None = field(default=None, compare=False)
 
     def validate(self) -> NodeConfig:
@@ -69,10 +85,19 @@ class NodeConfig:
             raise ConfigError(f"log_format: {self.log_format!r} is not one of {', '.join(LOG_FORMATS)}")
         if self.log_level not in LOG_LEVELS:
             raise ConfigError(f"log_level: {self.log_level!r} is not one of {', '.join(LOG_LEVELS)}")
+        if self.attack:
+            from locomesh.training.attacks import ATTACKS  # numpy only; the daemon needs it for training anyway
+
+            if self.attack not in ATTACKS:
+                raise ConfigError(f"attack: {self.attack!r} is not one of {', '.join(sorted(ATTACKS))}")
+        if self.relay not in RELAY_MODES:
+            raise ConfigError(f"relay: {self.relay!r} is not one of {', '.join(RELAY_MODES)}")
+        if self.nat_traversal not in ON_OFF:
+            raise ConfigError(f"nat_traversal: {self.nat_traversal!r} is not one of {', '.join(ON_OFF)}")
         return self
 
 
-_SETTABLE = ("listen", "bootstrap", "rpc_port", "log_format", "log_level")
+_SETTABLE = ("listen", "bootstrap", "rpc_port", "log_format", "log_level", "attack", "relay", "nat_traversal")
 
 
 def default_data_dir() -> Path:

@@ -114,10 +114,14 @@ class CrdtService:
 
     def write(self, run_id: bytes, op_type: str, **fields: Any) -> bytes:
         """Write an op as this node into a replicated run; it is gossiped at the next flush."""
+        return self.write_batch(run_id, [(op_type, fields)])[0]
+
+    def write_batch(self, run_id: bytes, ops: list[tuple[str, dict[str, Any]]]) -> list[bytes]:
+        """Write several ops at once under one seal (one signature for peers to check), in order."""
         assert self._node is not None
-        data = self.replicas[run_id].create(self._node.identity, op_type, **fields)
-        self._outbox[run_id].append(data)
-        return data
+        sealed = self.replicas[run_id].create_batch(self._node.identity, ops)
+        self._outbox[run_id].extend(sealed)
+        return sealed
 
     # --- gossip -----------------------------------------------------------------------------
 

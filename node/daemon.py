@@ -32,8 +32,10 @@ from .checkpoint_service import CheckpointService
 from .config import NodeConfig
 from .crdt_service import CrdtService
 from .datadir import DataDir, RpcInfo
+from .nat.services import nat_services
 from .ping import PingService
 from .rpc import RpcDispatcher
+from .round_service import RoundService
 from .rpc_server import RpcServer
 from .run_registry_service import RunRegistryService
 from .runtime import Node
@@ -49,13 +51,12 @@ ServiceFactory = Callable[[NodeConfig], Sequence[Service]]
 
 
 def default_services(config: NodeConfig) -> list[Service]:
-    """The services every daemon runs (the round exchange comes with training together)."""
-    return [
-        PingService(),
-        RunRegistryService(config.data_dir),
-        CrdtService(config.data_dir),
-        CheckpointService(config.data_dir / "checkpoints"),
-    ]
+    """The services every daemon runs."""
+    registry = RunRegistryService(config.data_dir)
+    crdt = CrdtService(config.data_dir)
+    checkpoints = CheckpointService(config.data_dir / "checkpoints", discovery=lambda: registry.discovery)
+    nat = nat_services(relay=config.relay, nat_traversal=config.nat_traversal, discovery=lambda: registry.discovery)
+    return [PingService(), *nat, registry, crdt, checkpoints, RoundService(registry, crdt, checkpoints, attack=config.attack)]
 
 
 def run_daemon(config: NodeConfig, *, services: ServiceFactory = default_services) -> int:

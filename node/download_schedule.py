@@ -12,9 +12,15 @@ trio layer (`checkpoint_download`) runs a few workers per provider, each asks
   next one when the provider has room in its *window* (requests in flight).
   A fast provider comes back for work sooner, so it takes more chunks: this
   is work stealing from a shared queue.
-* **A slow provider gets fewer.** Each provider's window is its share of the
-  best observed rate (bytes/s, smoothed), between 1 and `max_window`, and is
-  halved by failures and "busy" answers (AIMD: it grows by one per success).
+* **A slow provider gets fewer.** That is the pull above: a provider takes
+  new work only as fast as it delivers. Its window (requests in flight) is
+  `max_window`, halved by failures and "busy" answers (AIMD: it grows by one
+  per success). It is *not* scaled by the provider's observed rate: a
+  provider held to a small window shows a low rate (its window divided by the
+  round trip), which would keep its window small, so equal providers on a
+  long path would drift into unequal windows and a download from k of them
+  fell well short of k times one (netsim `checkpoint`). The rate (bytes/s,
+  smoothed) is kept for display.
 * **Endgame.** When the queue is empty, an idle provider may duplicate a chunk
   that one other provider is still fetching; the first verified copy wins,
   the later answer is ignored. A vanished provider cannot hold the tail back.
@@ -90,7 +96,10 @@ class ProviderState:
     strikes: int = 0
     failures_in_a_row: int = 0
     busy_in_a_row: int = 0
-    rate: float = 0.0  # bytes/s, smoothed; 0 until its first chunk
+    # Bytes/s, smoothed; 0 until its first chunk. A sample is chunk size x requests in flight there /
+    # the request's time: requests in flight share the provider's uplink, so one request's own
+    # size / time would fall as the window grows and shrink the windows of providers that are busiest.
+    rate: float = 0.0
     dropped: str | None = None  # why it was dropped, or None while active
 
 
@@ -150,11 +159,8 @@ class DownloadSchedule:
         )
 
     def window(self, peer_id: str) -> int:
-        """How many requests `peer_id` may have in flight: its share of the best rate, within its AIMD cap."""
-        peer = self.peers[peer_id]
-        best = max(state.rate for state in self.peers.values())
-        share = self.max_window if peer.rate == 0 or best == 0 else round(self.max_window * peer.rate / best)
-        return max(1, min(peer.cap, share))
+        """How many requests `peer_id` may have in flight: its AIMD cap (1 to `max_window`)."""
+        return self.peers[peer_id].cap
 
     # --- transitions -----------------------------------------------------------------------
 
@@ -178,9 +184,10 @@ class DownloadSchedule:
         if peer_id not in self._holders[index]:
             raise ValueError(f"chunk {index} is not in flight at {peer_id}")
         self._holders[index].discard(peer_id)
+        concurrent = peer.in_flight  # this request and the ones sharing the provider's uplink with it
         peer.in_flight -= 1
         before = self._state[index]
-        self._update_peer(peer, outcome, self.wanted[index], seconds)
+        self._update_peer(peer, outcome, self.wanted[index] * concurrent, seconds)
         if outcome in _EXCLUDING:
             self._excluded[index].add(peer_id)
         after = TRANSITIONS[(before, outcome)]
@@ -192,14 +199,15 @@ class DownloadSchedule:
             self.stored += 1
         self._state[index] = after
 
-    def _update_peer(self, peer: ProviderState, outcome: Outcome, size: int, seconds: float) -> None:
+    def _update_peer(self, peer: ProviderState, outcome: Outcome, sample_bytes: int, seconds: float) -> None:
+        """`sample_bytes`: the chunk's bytes times the requests in flight at the provider (see `rate`)."""
         peer.busy_in_a_row = peer.busy_in_a_row + 1 if outcome is Outcome.BUSY else 0
         if outcome is Outcome.STORED:
             peer.stored += 1
             peer.failures_in_a_row = 0
             peer.cap = min(self.max_window, peer.cap + 1)
             if seconds > 0:
-                sample = size / seconds
+                sample = sample_bytes / seconds
                 peer.rate = sample if peer.rate == 0 else (1 - _RATE_SMOOTHING) * peer.rate + _RATE_SMOOTHING * sample
         elif outcome is Outcome.BAD:
             peer.strikes += 1

@@ -1,9 +1,17 @@
-"""Who we are connected to, since when, and in which direction.
+"""Who we are connected to, since when, in which direction, and how: direct, hole-punched or relayed.
 
 py-libp2p tells registered notifees about every connection that opens and
 closes; `PeerTracker` is such a notifee and keeps one `PeerEntry` per
 connected peer. It reads the clock through `now` (wall-clock seconds for the
 daemon, so `connected_since` can be shown as a date).
+
+How a peer is connected (`PeerEntry.connection`) follows its open connections:
+
+    open connections                      connection
+    only relayed ones                     "relayed"
+    a direct one that opened while a      "hole-punched" (DCUtR, or any later direct
+      relayed one was open                  dial: the relayed path was upgraded)
+    any other direct one                  "direct"
 """
 
 from __future__ import annotations
@@ -15,6 +23,10 @@ from dataclasses import dataclass
 from libp2p.abc import INetConn, INetStream, INetwork, INotifee
 from multiaddr import Multiaddr
 
+from .nat.connections import DIRECT, RELAYED, facts_of
+
+HOLE_PUNCHED = "hole-punched"
+
 
 @dataclass
 class PeerEntry:
@@ -22,6 +34,7 @@ class PeerEntry:
     direction: str  # "inbound", "outbound" or "unknown"
     connected_since: float
     remote_addrs: list[str]
+    connection: str = DIRECT  # DIRECT, RELAYED or HOLE_PUNCHED (see the module docstring)
 
 
 class PeerTracker(INotifee):
@@ -42,22 +55,35 @@ class PeerTracker(INotifee):
         return peer_id in self._peers
 
     async def connected(self, network: INetwork, conn: INetConn) -> None:
-        peer_id = str(conn.muxed_conn.peer_id)
-        if peer_id in self._peers:
-            return
-        self.connects_total += 1
-        self._peers[peer_id] = PeerEntry(
-            peer_id=peer_id,
-            direction=_direction(conn),
-            connected_since=self._now(),
-            remote_addrs=[str(addr) for addr in _transport_addrs(conn)],
-        )
+        facts = facts_of(conn)
+        entry = self._peers.get(facts.peer_id)
+        if entry is None:
+            self.connects_total += 1
+            self._peers[facts.peer_id] = PeerEntry(
+                peer_id=facts.peer_id,
+                direction=facts.direction,
+                connected_since=self._now(),
+                remote_addrs=list(facts.addrs),
+                connection=facts.kind,
+            )
+        elif facts.kind == DIRECT and entry.connection == RELAYED:
+            entry.connection, entry.remote_addrs = HOLE_PUNCHED, list(facts.addrs)
 
     async def disconnected(self, network: INetwork, conn: INetConn) -> None:
         peer_id = conn.muxed_conn.peer_id
         still_open = [other for other in network.connections.get(peer_id, []) if other is not conn]
+        entry = self._peers.get(str(peer_id))
+        if entry is None:
+            return
         if not still_open:
-            self._peers.pop(str(peer_id), None)
+            del self._peers[str(peer_id)]
+            return
+        remaining = [facts_of(other) for other in still_open]
+        direct = [facts for facts in remaining if facts.kind == DIRECT]
+        if not direct:
+            entry.connection, entry.remote_addrs = RELAYED, list(remaining[0].addrs)
+        elif entry.connection == RELAYED:  # the relayed path went first: what is left is an upgrade
+            entry.connection, entry.remote_addrs = HOLE_PUNCHED, list(direct[0].addrs)
 
     async def opened_stream(self, network: INetwork, stream: INetStream) -> None:
         pass
@@ -71,15 +97,3 @@ class PeerTracker(INotifee):
     async def listen_close(self, network: INetwork, multiaddr: Multiaddr) -> None:
         pass
 
-
-def _direction(conn: INetConn) -> str:
-    # py-libp2p's Direction enum: UNKNOWN = -1, INBOUND = 0, OUTBOUND = 1.
-    name = getattr(getattr(conn, "direction", None), "name", "").lower()
-    return name if name in ("inbound", "outbound") else "unknown"
-
-
-def _transport_addrs(conn: INetConn) -> list[Multiaddr]:
-    try:
-        return list(conn.get_transport_addresses())
-    except Exception:  # noqa: BLE001 - addresses are informative only
-        return []

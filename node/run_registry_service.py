@@ -5,6 +5,7 @@ A node service (see `locomesh.node.service`) that owns the node's `Discovery`
 ``runs/``). RPC methods:
 
     run.create(task, settings={}, public=False, name="", seed=None) -> run summary + {"published"}
+        (settings named in DEFAULT_HPARAMS set hyperparameters; the others configure the task)
     run.list() -> [run summary]
     run.info(run_id) -> run summary + {"manifest": body, "source": "local" | "dht"}
 
@@ -45,6 +46,8 @@ DEFAULT_HPARAMS: dict[str, Any] = {
     "aggregator": "centered_clip",
     "byzantine_fraction": 0.2,
     "round_deadline_s": 600,
+    "min_peers": 1,  # a round starts once this many peers are eligible for it
+    "eval_every": 1,  # rounds between evaluations of the shared state (0: never)
 }
 RUN_NOT_FOUND = -32004
 
@@ -102,14 +105,15 @@ class RunRegistryService:
             raise RpcError.invalid_params("public must be true or false")
         if seed is None:
             seed = self._node.rng.randrange(2**63)
+        hparams, task_config = split_settings(_settings(settings))
         try:
             manifest = sign_manifest(
                 self._node.identity,
                 task=task,
                 name=name,
-                task_config=_settings(settings),
+                task_config=task_config,
                 seed=seed,
-                hparams=dict(DEFAULT_HPARAMS),
+                hparams=hparams,
                 public=public,
                 created=int(time.time()),
             )
@@ -155,6 +159,12 @@ def summary(run: KnownRun) -> dict[str, Any]:
         "creator": run.envelope.author_peer_id,
         "origin": run.origin,
     }
+
+
+def split_settings(settings: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(hyperparameters, task config): keys of DEFAULT_HPARAMS override the defaults, the rest configure the task."""
+    hparams = {**DEFAULT_HPARAMS, **{key: value for key, value in settings.items() if key in DEFAULT_HPARAMS}}
+    return hparams, {key: value for key, value in settings.items() if key not in DEFAULT_HPARAMS}
 
 
 def _settings(settings: Any) -> dict[str, Any]:

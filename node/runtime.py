@@ -267,6 +267,7 @@ class Node:
                 {
                     "peer_id": entry.peer_id,
                     "direction": entry.direction,
+                    "connection": entry.connection,
                     "connected_since": entry.connected_since,
                     "connection_addrs": entry.remote_addrs,
                     "addrs": known,

@@ -102,9 +102,14 @@ RUN_MANIFEST = register(
 
 # Every op is its own kind, so each op type has its own body schema and size cap. All op bodies
 # share `parents` (the author's heads when it wrote the op; sorted, distinct) and `seq` (one more
-# than the author's own newest op among the parents). The op ID is SHA-256 of the envelope bytes.
+# than the author's own newest op among the parents). An op is its content (an unsigned envelope:
+# v, kind, run, author, body; the cap bounds it) plus a seal: one signature over the Merkle root of
+# a batch of up to MAX_SEAL_OPS ops, and the op's path to it (crdt/seal.py), at most SEAL_OVERHEAD
+# bytes more. The op ID is SHA-256 of the content.
 MAX_PARENTS = 64
-MAX_OP_SIZE = 32 * KiB  # the largest op that is not evidence; evidence carries two of them
+MAX_SEAL_OPS = 256
+SEAL_OVERHEAD = 1 * KiB  # signature, index, count and 8 sibling hashes, with msgpack framing: < 400 bytes
+MAX_OP_SIZE = 32 * KiB  # the largest op content that is not evidence; evidence carries two sealed ops
 _parents = List(_hash, max_len=MAX_PARENTS)
 _round = Int(0, 2**40)
 
@@ -117,6 +122,14 @@ def _op_kind(name: str, fields: dict, max_size: int) -> MessageKind:
 CRDT_JOIN = _op_kind("join", {"round": _round}, 4 * KiB)
 CRDT_LEAVE = _op_kind("leave", {"round": _round}, 4 * KiB)
 CRDT_VOTE = _op_kind("vote", {"round": Int(1, 2**40), "hash": _hash}, 4 * KiB)
+# An author's commitment to its encoded pseudo-gradient for a round: SHA-256 and length of the payload.
+MAX_PAYLOAD_SIZE = 2**31
+CRDT_COMMIT = _op_kind("commit", {"round": Int(1, 2**40), "hash": _hash, "size": Int(1, MAX_PAYLOAD_SIZE)}, 4 * KiB)
+# The round's proposer names the commitments everyone aggregates (node/round_machine.py).
+MAX_PROPOSAL = 512
+CRDT_PROPOSE = _op_kind(
+    "propose", {"round": Int(1, 2**40), "authors": List(_public_key, max_len=MAX_PROPOSAL, min_len=1)}, MAX_OP_SIZE
+)
 _checkpoint = {"id": _hash, "round": _round, "size": Int(0, 2**50)}
 CRDT_CHECKPOINT = _op_kind("checkpoint", _checkpoint, 4 * KiB)
 CRDT_ATTEST = _op_kind("attest", _checkpoint, 4 * KiB)
@@ -126,11 +139,17 @@ CRDT_SNAPSHOT = _op_kind(
 )
 CRDT_EVIDENCE = _op_kind(
     "evidence",
-    {"reason": OneOf(frozenset({"fork", "double-vote"})), "a": Bytes(1, MAX_OP_SIZE), "b": Bytes(1, MAX_OP_SIZE)},
-    2 * MAX_OP_SIZE + 4 * KiB,
+    {
+        "reason": OneOf(frozenset({"fork", "double-vote", "double-commit", "double-propose"})),
+        "a": Bytes(1, MAX_OP_SIZE + SEAL_OVERHEAD),
+        "b": Bytes(1, MAX_OP_SIZE + SEAL_OVERHEAD),
+    },
+    2 * (MAX_OP_SIZE + SEAL_OVERHEAD) + 4 * KiB,
 )
-_op_kinds = (CRDT_JOIN, CRDT_LEAVE, CRDT_VOTE, CRDT_CHECKPOINT, CRDT_ATTEST, CRDT_HPARAMS, CRDT_SNAPSHOT, CRDT_EVIDENCE)
+_op_kinds = (CRDT_JOIN, CRDT_LEAVE, CRDT_VOTE, CRDT_COMMIT, CRDT_PROPOSE, CRDT_CHECKPOINT, CRDT_ATTEST, CRDT_HPARAMS, CRDT_SNAPSHOT,
+             CRDT_EVIDENCE)
 CRDT_OP_KINDS = frozenset(kind.name for kind in _op_kinds)
+MAX_SEALED_OP = CRDT_EVIDENCE.max_size + SEAL_OVERHEAD  # the largest op on the wire
 
 # Anti-entropy: exchange heads, ask for what is missing, answer with ops in bounded batches.
 MAX_WANT = 256
@@ -142,7 +161,7 @@ CRDT_WANT = register(
 CRDT_OPS = register(
     MessageKind(
         "crdt.ops",
-        Struct({"ops": List(Bytes(1, CRDT_EVIDENCE.max_size), max_len=MAX_BATCH_OPS), "more": Bool()}),
+        Struct({"ops": List(Bytes(1, MAX_SEALED_OP), max_len=MAX_BATCH_OPS), "more": Bool()}),
         4 * MiB,
     )
 )
@@ -176,4 +195,36 @@ CKPT_DATAPLANE_HELLO = register(
 )
 CKPT_DATAPLANE_OFFER = register(
     MessageKind("ckpt.dataplane-offer", Struct({"key": _public_key, "port": Int(0, 65535)}), 512, run_scoped=False)
+)
+
+# --- reach: our own dial-back reachability check (added with NAT traversal) ----------------
+
+# `/locomesh/reach/1`: A asks a connected helper B to have its addresses dialled back (request);
+# B names A to a peer C of its own that may not be connected to A (delegate); C dials A on a fresh
+# connection and proves it with A's nonce (dialback); C tells B and B tells A how it went (result).
+REACH_MAX_ADDRS = 8
+_reach_nonce = Bytes(16, 16)
+_reach_addrs = List(Str(1, 512), max_len=REACH_MAX_ADDRS)
+REACH_OUTCOMES = frozenset({"dialed", "unreachable", "no-address", "no-dialer", "busy"})
+REACH_REQUEST = register(
+    MessageKind("reach.request", Struct({"nonce": _reach_nonce, "addrs": _reach_addrs}), 8 * KiB, run_scoped=False)
+)
+REACH_DELEGATE = register(
+    MessageKind(
+        "reach.delegate",
+        Struct({"nonce": _reach_nonce, "target": Str(1, 128), "addrs": _reach_addrs}),
+        8 * KiB,
+        run_scoped=False,
+    )
+)
+REACH_DIALBACK = register(
+    MessageKind("reach.dialback", Struct({"nonce": _reach_nonce, "addr": Str(1, 512)}), 2 * KiB, run_scoped=False)
+)
+REACH_RESULT = register(
+    MessageKind(
+        "reach.result",
+        Struct({"nonce": _reach_nonce, "outcome": OneOf(REACH_OUTCOMES), "addr": Str(0, 512), "dialer": Str(0, 128)}),
+        2 * KiB,
+        run_scoped=False,
+    )
 )

@@ -14,6 +14,7 @@ from locomesh.training.aggregators import (
     AggregatorError,
     aggregate,
     bucket_means,
+    _squared_distances_after_step,
     canonical_order,
     sorting_network,
 )
@@ -225,3 +226,56 @@ def test_sorting_network_sorts(n):
     for low, high in sorting_network(n):
         lines[low], lines[high] = np.minimum(lines[low], lines[high]), np.maximum(lines[low], lines[high])
     assert np.array_equal(np.stack(lines), np.sort(values, axis=0))
+
+
+# -- the iteration engine under CenteredClip and Weiszfeld --------------------------
+
+
+def test_linear_combination_and_its_dots_follow_their_definitions():
+    rows = honest_rows(14, count=4, numel=exact.SLAB + 4321)
+    weights = [0.25, -1.5, 0.0, 3.0]
+    expected = np.zeros(rows[0].size, np.float32)
+    for row, weight in zip(rows, weights):
+        if weight:
+            expected = np.add(expected, np.multiply(row, np.float32(weight)), dtype=np.float32)
+    combination = exact.linear_combination(rows, weights)
+    assert combination.tobytes() == (expected + np.float32(0.0)).tobytes()
+    dots = exact.combination_dots(rows, weights)
+    assert dots == [exact.dot(row, combination) for row in rows] + [exact.squared_norm(combination)]
+
+
+def test_distances_after_a_step_match_direct_distances():
+    """The one-pass update ‖x_i − v'‖² = ‖x_i − v‖² − 2(⟨x_i, δ⟩ − ⟨v, δ⟩) + ‖δ‖² is accurate."""
+    rows = honest_rows(15, count=5, numel=30_000) + huge_attackers(16, count=2, numel=30_000)
+    center = honest_mean(rows[:5]).astype(np.float32) + np.float32(3 * SPREAD)
+    points = [center, *rows]
+    weights = [0.4] + [0.6 / len(rows)] * len(rows)  # v, a combination of the centre and the rows
+    step = [-0.1] + [0.02 * (i + 1) for i in range(len(rows))]  # δ
+    v = exact.linear_combination(points, weights)
+    moved = exact.linear_combination(points, [w + s for w, s in zip(weights, step)])
+    updated = _squared_distances_after_step(exact.squared_distances(rows, v), weights, step, points)
+    for fast, direct in zip(updated, exact.squared_distances(rows, moved)):
+        assert math.isclose(fast, direct, rel_tol=1e-4)
+
+
+def test_centered_clip_stops_early_only_when_every_contribution_is_in_the_shell():
+    """Honest rows are nearly equidistant from the centre: one step. Far attackers, or a cluster
+    sitting on the centre (replays of last round), keep it iterating."""
+    honest = honest_rows(17, count=8, numel=20_000)
+    previous = (honest_mean(honest) + 2 * SPREAD).astype(np.float32)
+
+    def steps_agree(rows, iterations, shell_ratio=1.2) -> bool:
+        """Whether up to 3 steps with the shell test give the same bits as exactly `iterations` steps."""
+        result = aggregate("centered_clip", rows, previous=previous, iterations=3, shell_ratio=shell_ratio)
+        capped = aggregate("centered_clip", rows, previous=previous, iterations=iterations, shell_ratio=1.0)
+        return result.tobytes() == capped.tobytes()
+
+    assert steps_agree(honest, 1) and not steps_agree(honest, 3)
+    assert steps_agree(honest, 3, shell_ratio=1.0)
+    far = honest + huge_attackers(18, count=3, numel=20_000)
+    assert steps_agree(far, 3) and not steps_agree(far, 1)
+    assert distance(aggregate("centered_clip", far, previous=previous), honest_mean(honest)) <= radius(honest)
+    on_centre = honest + [previous.copy() for _ in range(3)]
+    assert steps_agree(on_centre, 3) and not steps_agree(on_centre, 1)
+    with pytest.raises(AggregatorError):
+        aggregate("centered_clip", honest, shell_ratio=0.5)

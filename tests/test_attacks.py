@@ -50,9 +50,9 @@ def test_alie_is_mean_minus_z_std():
     assert alie_z(8, 2) == pytest.approx(0.318639, abs=1e-6)
     sent = get_attack("alie")(view)
     honest = _honest(view)
-    np.testing.assert_allclose(sent, honest.mean(0) - alie_z(8, 2) * honest.std(0), rtol=1e-5)
+    np.testing.assert_allclose(sent, honest.mean(0) - alie_z(8, 2) * honest.std(0, ddof=1), rtol=1e-5)
     fixed = attacks.alie(z=1.5)(view)
-    np.testing.assert_allclose(fixed, honest.mean(0) - 1.5 * honest.std(0), rtol=1e-5)
+    np.testing.assert_allclose(fixed, honest.mean(0) - 1.5 * honest.std(0, ddof=1), rtol=1e-5)
 
 
 def test_gaussian_is_zero_mean_noise_scaled_to_the_honest_rms():

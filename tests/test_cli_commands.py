@@ -12,9 +12,9 @@ from locomesh.cli.status_cmd import format_peers, format_status
 from locomesh.node.datadir import DataDir, RpcInfo
 
 
-def locomesh(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+def locomesh(*args: str, env: dict | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "locomesh.cli.main", *args], capture_output=True, text=True, timeout=60, env=env
+        [sys.executable, "-m", "locomesh.cli.main", *args], capture_output=True, text=True, timeout=timeout, env=env
     )
 
 
@@ -92,12 +92,13 @@ def test_peers_table():
     ]
 
 
-def test_swarm_starts_shows_and_stops_its_nodes():
-    result = locomesh("swarm", "--nodes", "2")
+def test_the_swarm_trains_together_and_ends_with_one_parameters_hash():
+    result = locomesh("swarm", "--nodes", "2", "--rounds", "2", "--inner-steps", "5", timeout=240)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.count("peer id ") == 2
-    assert "== peers of node 0 ==" in result.stdout and "inbound" in result.stdout
-    assert "2 node(s) started, connected, and stopped cleanly" in result.stderr
+    assert "round   1  eval loss" in result.stdout and "round   2  eval loss" in result.stdout
+    assert "summary: 2 rounds by 2 daemons" in result.stdout
+    assert "the same hash on every node" in result.stdout
+    assert "2 daemons trained 2 rounds together and stopped cleanly" in result.stderr
 
 
 def test_help_lists_the_commands():

@@ -6,11 +6,12 @@ import hashlib
 
 import msgpack
 import pytest
-from .test_crdt_support import H1, genesis, joined_replica, keys
-
 from locomesh.crdt import Genesis, Replica, decode_op, encode_op, op_id
-from locomesh.protocol import ProtocolError, encode
+from locomesh.crdt.ops import parse_wire, seal_ops
+from locomesh.protocol import ProtocolError, encode, pack
 from locomesh.protocol.runs import format_run_id, parse_run_id, run_id, short_run_id, sign_manifest
+
+from .test_crdt_support import H1, content_of, genesis, joined_replica, keys, reordered, rewrap
 
 ALICE, BOB, CAROL = keys(3)
 
@@ -32,50 +33,70 @@ def test_genesis_rejects_anything_but_a_signed_manifest():
         Genesis.from_manifest(encode(ALICE, "node.ping", {"nonce": b"12345678"}))
     manifest = sign_manifest(ALICE, task="synthetic", created=5)
     with pytest.raises(ProtocolError, match="bad-signature"):
-        Genesis.from_manifest(_forge(manifest, body__seed=1))
+        envelope = msgpack.unpackb(manifest, raw=False)
+        envelope["body"]["seed"] = 1  # changed after signing
+        Genesis.from_manifest(msgpack.packb(envelope, use_bin_type=True))
 
 
-def test_op_id_is_the_hash_of_the_envelope_bytes():
+def test_op_id_is_the_hash_of_thecontent_of():
     run = genesis(ALICE).run_id
     data = encode_op(ALICE, run, "crdt.vote", [], 1, round=1, hash=H1)
     op = decode_op(data, run)
-    assert op.id == op_id(data) == hashlib.sha256(data).digest()
-    assert (op.type, op.seq, op.author, op.parents) == ("vote", 1, ALICE.public_key, ())
+    assert op.id == op_id(data) == hashlib.sha256(parse_wire(data).content).digest()
+    assert (op.type, op.seq, op.author, op.parents, op.data) == ("vote", 1, ALICE.public_key, (), data)
 
 
 def _forge(data: bytes, **changes) -> bytes:
-    """Re-encode an op envelope with some fields changed and the old signature kept."""
-    envelope = msgpack.unpackb(data, raw=False)
+    """Re-encode an op's content with some fields changed and the old seal kept."""
+    content = content_of(data)
     for path, value in changes.items():
-        target = envelope
+        target = content
         *outer, last = path.split("__")
         for name in outer:
             target = target[name]
         target[last] = value
-    return msgpack.packb(dict(sorted(envelope.items())), use_bin_type=True)
+    return rewrap(data, msgpack.packb(content, use_bin_type=True))
 
 
-def _reordered(data: bytes) -> bytes:
-    """The same envelope with its map keys in reverse order: same value, non-canonical bytes."""
-    return msgpack.packb(dict(reversed(msgpack.unpackb(data, raw=False).items())), use_bin_type=True)
+def _sealed(run: bytes, kind: str, body: dict, *, run_in_content: bytes | None = None) -> bytes:
+    """An op sealed by ALICE whose content is packed as given (no checks: for malformed content)."""
+    content = pack({"author": ALICE.public_key, "body": body, "kind": kind, "run": run_in_content or run, "v": 1})
+    return seal_ops(ALICE, run, [content])[0]
+
+
+def _long_count(data: bytes) -> bytes:
+    """The op with its seal's count (1) written in a 3-byte form: same value, other bytes."""
+    wire = parse_wire(data)
+    return b"\x95" + pack(wire.content) + b"\xcd\x00\x01" + pack(wire.index) + pack(wire.path) + pack(wire.sig)
 
 
 @pytest.mark.parametrize(
     "mutate, code",
     [
-        (lambda d, run: _forge(d, body__round=2), "bad-signature"),  # changed after signing
+        (lambda d, run: _forge(d, body__round=2), "bad-signature"),  # changed after sealing
         (lambda d, run: _forge(d, author=BOB.public_key), "bad-signature"),  # claimed by another key
+        (lambda d, run: rewrap(d, sig=bytes(64)), "bad-signature"),
+        (lambda d, run: rewrap(d, index=1), "bad-seal"),  # index past the count
+        (lambda d, run: rewrap(d, path=[H1]), "bad-seal"),  # a batch of one has no path
+        (lambda d, run: rewrap(d, count=2), "bad-seal"),  # two leaves need a sibling hash
+        (lambda d, run: rewrap(d, count=2, path=[H1]), "bad-signature"),  # a shape the author did not sign
+        (lambda d, run: rewrap(d, sig=bytes(63)), "bad-op"),
+        (lambda d, run: pack(content_of(d)), "bad-op"),  # bare content, no seal
         (lambda d, run: d + b"\x00", "trailing-bytes"),
         (lambda d, run: d[:-1], "malformed"),
-        (lambda d, run: _reordered(d), "non-canonical"),
-        (lambda d, run: encode(ALICE, "crdt.vote", {"parents": [], "seq": 1, "round": 1, "hash": H1}, run=b"\x01" * 32),
-         "wrong-run"),
-        (lambda d, run: encode(ALICE, "node.ping", {"nonce": b"12345678"}), "unexpected-kind"),
-        (lambda d, run: encode(ALICE, "crdt.vote", {"parents": [H1, b"\x00" * 32], "seq": 1, "round": 1, "hash": H1},
-                               run=run), "bad-op"),  # parents not sorted: one op would have two IDs
-        (lambda d, run: encode(ALICE, "crdt.vote", {"parents": [H1] * 2, "seq": 1, "round": 1, "hash": H1},
-                               run=run), "bad-op"),
+        (lambda d, run: reordered(d), "non-canonical"),
+        (lambda d, run: rewrap(d, content=parse_wire(d).content.replace(b"\xa3seq\x01", b"\xa3seq\xcd\x00\x01")),
+         "non-canonical"),  # seq 1 in a 3-byte form
+        (lambda d, run: _long_count(d), "non-canonical"),
+        (lambda d, run: encode_op(ALICE, b"\x01" * 32, "crdt.vote", [], 1, round=1, hash=H1), "wrong-run"),
+        (lambda d, run: _sealed(run, "crdt.vote", {"parents": [], "seq": 1, "round": 1, "hash": H1},
+                                run_in_content=b"\x01" * 32), "wrong-run"),
+        (lambda d, run: _sealed(run, "node.ping", {"nonce": b"12345678"}), "unexpected-kind"),
+        (lambda d, run: _sealed(run, "crdt.vote", {"parents": [H1, b"\x00" * 32], "seq": 1, "round": 1, "hash": H1}),
+         "bad-op"),  # parents not sorted: one op would have two IDs
+        (lambda d, run: _sealed(run, "crdt.vote", {"parents": [H1] * 2, "seq": 1, "round": 1, "hash": H1}), "bad-op"),
         (lambda d, run: _forge(d, body__round=0), "bad-field"),  # round 0 is the genesis: nobody votes for it
+        (lambda d, run: _forge(d, v=2), "bad-version"),
         (lambda d, run: _forge(d, body__parents=[bytes([i]) * 32 for i in range(200)]), "too-large"),
     ],
 )

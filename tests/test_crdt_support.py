@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import msgpack
+
 from locomesh.crdt import Genesis, Replica
-from locomesh.protocol import Identity
+from locomesh.crdt.ops import parse_wire
+from locomesh.protocol import Identity, pack
 from locomesh.protocol.runs import sign_manifest
 
 H1, H2, CKPT = b"\x11" * 32, b"\x22" * 32, b"\xcc" * 32
@@ -31,3 +34,19 @@ def in_causal_order(replica: Replica) -> list[bytes]:
     """Every op the replica holds, parents before children."""
     order = sorted(replica.op_ids(), key=lambda i: (replica.facts.ops[i][2], i))
     return [replica.get(i) for i in order]
+
+
+def rewrap(data: bytes, content: bytes | None = None, **seal) -> bytes:
+    """The op with its content and/or seal fields replaced (the old signature kept unless given)."""
+    wire = parse_wire(data)
+    fields = {"count": wire.count, "index": wire.index, "path": wire.path, "sig": wire.sig, **seal}
+    return pack([content or wire.content, fields["count"], fields["index"], fields["path"], fields["sig"]])
+
+
+def content_of(data: bytes) -> dict:
+    return msgpack.unpackb(parse_wire(data).content, raw=False)
+
+
+def reordered(data: bytes) -> bytes:
+    """The same op with its content's keys in reverse order: same value, non-canonical bytes."""
+    return rewrap(data, msgpack.packb(dict(reversed(content_of(data).items())), use_bin_type=True))

@@ -80,14 +80,21 @@ async def test_new_ops_travel_both_ways_and_the_state_is_served_over_rpc(nursery
     replicas = [await first_crdt.open_run(manifest), await second_crdt.open_run(manifest)]
     run_id = replicas[0].run_id
     await wait_for(lambda: in_mesh(first_crdt, second, run_id) and in_mesh(second_crdt, first, run_id))
-    for service in (first_crdt, second_crdt):
-        service.write(run_id, "join", round=1)
-        service.write(run_id, "vote", round=1, hash=H1)
-    await wait_for(lambda: all(len(r) == 4 for r in replicas))
+    first_crdt.write(run_id, "join", round=1)
+    first_crdt.write(run_id, "commit", round=1, hash=bytes([0]) * 32, size=1000)
+    first_crdt.write(run_id, "vote", round=1, hash=H1)
+    second_crdt.write_batch(run_id, [  # three ops under one seal
+        ("join", {"round": 1}),
+        ("commit", {"round": 1, "hash": bytes([1]) * 32, "size": 1001}),
+        ("vote", {"round": 1, "hash": H1}),
+    ])
+    await wait_for(lambda: all(len(r) == 6 for r in replicas))
     assert replicas[0].state == replicas[1].state and replicas[0].state.round == 1
+    expected = {key.public_key: (bytes([i]) * 32, 1000 + i) for i, key in enumerate(keys)}
+    assert replicas[0].commits(1) == replicas[1].commits(1) == expected
 
     state = await first.rpc.call("run.state", {"run_id": format_run_id(run_id)})
-    assert state["round"] == 1 and state["ops"] == 4 and len(state["members"]) == 2
+    assert state["round"] == 1 and state["ops"] == 6 and len(state["members"]) == 2
     text = format_state(state)  # what `locomesh run state RUN_ID` prints
     assert f"run id      {format_run_id(run_id)}" in text and "\nround       1\n" in text
     with pytest.raises(RpcError):

@@ -93,9 +93,14 @@ def geometric_median(
 
 
 def centered_clip(
-    rows: Rows, *, previous: np.ndarray | None = None, tau: float | None = None, iterations: int = 3
+    rows: Rows,
+    *,
+    previous: np.ndarray | None = None,
+    tau: float | None = None,
+    iterations: int = 5,
+    shell_ratio: float = 1.05,
 ) -> np.ndarray:
-    """CenteredClip (Karimireddy, He & Jaggi 2021): v ← v + mean_i clip(x_i − v, τ), `iterations` times.
+    """CenteredClip (Karimireddy, He & Jaggi 2021): v ← v + mean_i clip(x_i − v, τ), up to `iterations` times.
 
     Centre: the previous round's aggregate when there is one (honest
     pseudo-gradients change slowly from round to round), else the coordinate
@@ -108,19 +113,45 @@ def centered_clip(
     each attacker then moves v by at most τ/n per iteration. Recomputing it at
     each step lets τ shrink as v settles into the honest cluster. Breakdown
     point: just under 1/2.
+
+    Early stop: a step taken from a centre that has every contribution in the
+    shell τ/ρ ≤ ‖x_i − v‖ ≤ ρ·τ (ρ = `shell_ratio`) is the last one. Every clip
+    factor is then at least 1/ρ, so the step is within a few percent of the
+    unclipped mean step, and there is nothing for further steps to push away:
+    no outlier beyond ρτ, and no cluster sitting on the centre within τ/ρ (a
+    stale or replayed update sits near the previous aggregate). Honest
+    contributions lie at nearly equal distances from any centre, the more so
+    the larger the model, because their independent noise dominates: within
+    ±0.02% of τ for 16M Gaussian coordinates, so attack-free rounds of large
+    models cost one step; within about ±10% on the 14K-parameter model of
+    bench/byzantine.py, where most rounds run all `iterations`. A larger ρ
+    stops more often and gives up robustness against colluders hiding among
+    the honest: with ρ = 1.2 that benchmark's replay attack at f/N = 1/3 went
+    from +4.8% to +5.4%, its three identical replays sitting at 1.09τ in one
+    round. The test reads the exact distances, so every peer stops at the same
+    step; `shell_ratio` 1 stops only when all distances are equal.
     """
     if iterations < 1:
         raise AggregatorError("centered_clip needs iterations >= 1")
     if tau is not None and not (math.isfinite(tau) and tau > 0):
         raise AggregatorError(f"centered_clip needs a finite tau > 0, got {tau}")
+    if not (math.isfinite(shell_ratio) and shell_ratio >= 1):
+        raise AggregatorError(f"centered_clip needs a finite shell_ratio >= 1, got {shell_ratio}")
     k = len(rows)
 
+    def radius(distances: list[float]) -> float:
+        return tau if tau is not None else sorted(distances)[(k - 1) // 2]
+
     def clip_coefficients(distances: list[float]) -> list[float]:
-        radius = tau if tau is not None else sorted(distances)[(k - 1) // 2]
-        return [(1.0 if d <= radius else radius / d) / k for d in distances]
+        r = radius(distances)
+        return [(1.0 if d <= r else r / d) / k for d in distances]
+
+    def in_shell(distances: list[float]) -> bool:
+        r = radius(distances)
+        return r <= shell_ratio * min(distances) and max(distances) <= shell_ratio * r
 
     center = coordinate_median(rows) if previous is None else _checked_previous(previous, rows[0].size)
-    return _weighted_steps(rows, center, clip_coefficients, iterations)
+    return _weighted_steps(rows, center, clip_coefficients, iterations, last_step=in_shell)
 
 
 def multi_krum(rows: Rows, *, previous: np.ndarray | None = None, f: int, m: int) -> np.ndarray:
@@ -272,36 +303,52 @@ def _weighted_steps(
     center: np.ndarray,
     coefficients: Callable[[list[float]], list[float]],
     iterations: int,
+    last_step: Callable[[list[float]], bool] = lambda distances: False,
 ) -> np.ndarray:
-    """Iterate v ← v + Σ_i a_i (x_i − v), with a = coefficients(‖x_i − v‖ for all i).
+    """Iterate v ← v + Σ_i a_i (x_i − v), with a = coefficients(‖x_i − v‖ for all i); return the last v.
+
+    At most `iterations` steps; a step whose distances make `last_step` true is the last.
 
     Both CenteredClip (a_i = clip factor / n) and Weiszfeld (a_i = w_i / Σ w)
-    have this form. It is computed as v ← (1 − Σ a)·v + Σ_i a_i x_i (the sum
-    in row order), which reads each x_i once per iteration: one pass over the
-    contributions per iteration, in which each slab gets its part of the new v
-    and, while it is still in cache, its part of the distances to the new v.
+    have this form, so every iterate is a linear combination of the centre and
+    the contributions: v = w_c·c + Σ_i w_i x_i. Only the coefficients w are
+    iterated; v itself is built once, at the end (`exact.linear_combination`).
+
+    The distances come from one pass per step instead of two: with the step
+    δ = v' − v (itself a combination of c and the x_i),
+        ‖x_i − v'‖² = ‖x_i − v‖² − 2(⟨x_i, δ⟩ − ⟨v, δ⟩) + ‖δ‖²,
+    and ⟨v, δ⟩ = w_c⟨c, δ⟩ + Σ_j w_j⟨x_j, δ⟩, so one pass computing ⟨·, δ⟩ for
+    c and every x_i (`exact.combination_dots`) gives all n new distances.
+    The price is cancellation: each dot is exact to about 1e-6·‖x_i‖‖δ‖
+    (fixed_sum), and so is a new squared distance, which is negligible unless
+    the contributions agree to about five digits (‖x_i‖ ≳ 1e5·‖x_i − v‖). The
+    result is a deterministic function of the inputs either way.
+    Passes over the contributions: 1 (distances to c) + 1 per further step +
+    1 (building v).
     """
-    k, numel = len(rows), rows[0].size
-    v = np.array(center, dtype=F32, copy=True)
-    distances = [math.sqrt(d) for d in exact.squared_distances(rows, v)]
-    block = np.empty((k, exact.SLAB), dtype=F32)
+    points = [center, *rows]
+    weights = [1.0] + [0.0] * len(rows)  # v = c
+    squared = exact.squared_distances(rows, center)
     for iteration in range(iterations):
-        weights = np.array(coefficients(distances), dtype=F32)
-        keep = F32(1.0 - math.fsum(weights.tolist()))
-        sums = exact.LaneSums(k) if iteration < iterations - 1 else None
-        for start, stop in exact.slabs(numel):
-            part, here = block[:, : stop - start], v[start:stop]
-            for i, row in enumerate(rows):
-                np.multiply(row[start:stop], weights[i], out=part[i])
-            np.multiply(here, keep, out=here)
-            np.add(here, np.add.reduce(part, axis=0, dtype=F32), out=here)  # rows in canonical order
-            if sums is not None:
-                for i, row in enumerate(rows):
-                    np.subtract(row[start:stop], here, out=part[i])
-                sums.add_squares(part)
-        if sums is not None:
-            distances = [math.sqrt(d) for d in sums.finish()]
-    return v
+        distances = [math.sqrt(d) for d in squared]
+        a = coefficients(distances)
+        moved = math.fsum(a)
+        step = [-moved * weights[0]] + [a_i - moved * w_i for a_i, w_i in zip(a, weights[1:])]  # δ's coefficients
+        weights_before, weights = weights, [w + s for w, s in zip(weights, step)]
+        if iteration == iterations - 1 or last_step(distances):
+            break
+        squared = _squared_distances_after_step(squared, weights_before, step, points)
+    return exact.linear_combination(points, weights)
+
+
+def _squared_distances_after_step(
+    squared: list[float], weights: list[float], step: list[float], points: list[np.ndarray]
+) -> list[float]:
+    """‖x_i − (v + δ)‖² from ‖x_i − v‖², with v = Σ weights·points and δ = Σ step·points (points[0] = c)."""
+    *point_dots, step_squared = exact.combination_dots(points, step)
+    v_dot = math.fsum(w * d for w, d in zip(weights, point_dots))  # ⟨v, δ⟩
+    # max(0, ·): the identity is exact, its rounded terms are not; a distance is never negative.
+    return [max(0.0, s - 2.0 * (d - v_dot) + step_squared) for s, d in zip(squared, point_dots[1:])]
 
 
 def _pairwise_squared_distances(rows: Rows) -> list[list[float]]:

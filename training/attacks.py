@@ -10,7 +10,7 @@ run's codec, so it is a well-formed payload) or raw payload bytes (for attacks o
 | sign_flip      | −1 × the honest mean (stands in for the attacker's own honest update)         |
 | sign_flip_x100 | −100 × the honest mean                                                        |
 | gaussian       | pure noise, N(0, σ²) per coordinate, σ = 10 × the honest coordinates' RMS     |
-| alie           | mean − z·std per coordinate ("A Little Is Enough", Baruch et al. 2019)        |
+| alie           | μ − z·σ per coordinate ("A Little Is Enough", Baruch et al. 2019)            |
 | ipm            | −ε × the honest mean (inner product manipulation, Xie et al. 2019), ε = 0.5   |
 | nan, inf       | a payload whose values are NaN / +Inf: the decoder must reject it             |
 | zero           | an all-zero Δ (a free rider that trains nothing)                              |
@@ -78,12 +78,21 @@ def alie_z(workers: int, byzantine: int) -> float:
 
 
 def alie(z: float | None = None) -> Attack:
-    """mean − z·std per coordinate; `z` None uses the paper's z_max for this (n, f)."""
+    """μ − z·σ per coordinate, every round, from this round's honest Δs; `z` None uses the paper's
+    z_max for this (n, f) (`alie_z`).
+
+    As in Baruch et al. 2019 (Algorithm 1) and the reference implementation of Karimireddy et al.
+    (epfml/byzantine-robust-noniid-optimizer): μ and σ are the per-coordinate mean and sample
+    standard deviation (ddof 1) of the honest updates, and every attacker sends the same vector.
+    The attack is built to hide inside the honest spread, not to be large: z_max is 0 for
+    (n, f) = (8, 1), 0.32 for (8, 2) and 0.76 for (9, 3), and it moves the plain mean by
+    (f/n)·z·σ per coordinate.
+    """
 
     def attack(view: AttackView) -> np.ndarray:
         stack = _stack(view)
         shift = alie_z(view.workers, view.byzantine) if z is None else z
-        return (stack.mean(axis=0) - shift * stack.std(axis=0)).astype(np.float32)
+        return (stack.mean(axis=0) - shift * stack.std(axis=0, ddof=1)).astype(np.float32)
 
     return attack
 

@@ -35,7 +35,7 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import numpy as np
 import torch
@@ -45,13 +45,13 @@ from locomesh.protocol.files import atomic_write
 from locomesh.protocol.schema import Int, List, OneOf, Str, Struct
 
 from .checkpoint_manifest import (
-    DEFAULT_CHUNK_SIZE, HASH_SIZE, MAX_CHUNK_SIZE, MIN_CHUNK_SIZE, CheckpointError, ChunkRef, Manifest,
+    chunk_path, manifest_path, DEFAULT_CHUNK_SIZE, HASH_SIZE, MAX_CHUNK_SIZE, MIN_CHUNK_SIZE, CheckpointError, ChunkRef, Manifest,
     merkle_proof, merkle_root, read_manifest, split_metadata, verify_chunk, verify_merkle_proof,
 )
 
 __all__ = [
     "DEFAULT_CHUNK_SIZE", "CheckpointError", "ChunkRef", "Manifest", "chunk_path", "decode_chunk",
-    "load_checkpoint", "manifest_path", "merkle_proof", "merkle_root", "missing_chunks", "read_manifest",
+    "load_checkpoint", "manifest_path", "merkle_proof", "merkle_root", "missing_chunks", "read_manifest", "remove_checkpoints",
     "store_chunk", "verify_chunk", "verify_merkle_proof", "write_checkpoint",
 ]
 
@@ -123,14 +123,6 @@ class _Entry:
 
 
 # --- paths --------------------------------------------------------------------------------------
-
-
-def chunk_path(directory: str | os.PathLike, chunk_hash: bytes) -> Path:
-    return Path(directory) / "chunks" / chunk_hash.hex()
-
-
-def manifest_path(directory: str | os.PathLike, checkpoint_id: bytes) -> Path:
-    return Path(directory) / "manifests" / f"{checkpoint_id.hex()}.msgpack"
 
 
 # --- writing ------------------------------------------------------------------------------------
@@ -302,6 +294,38 @@ def missing_chunks(directory: str | os.PathLike, manifest: Manifest) -> list[int
             pass
         missing.append(index)
     return missing
+
+
+# --- removing -----------------------------------------------------------------------------------
+
+
+def remove_checkpoints(directory: str | os.PathLike, doomed: Callable[[dict[str, Any]], bool]) -> int:
+    """Delete every checkpoint whose full metadata satisfies `doomed`, and the chunks no kept
+    checkpoint shares; return how many checkpoints went.
+
+    Manifests go first, so a manifest that is visible still names chunks that are there. A
+    manifest that cannot be read is left alone (and its chunks kept): deleting what we cannot
+    understand could lose a user's only copy.
+    """
+    folder = Path(directory) / "manifests"
+    kept_chunks: set[bytes] = set()
+    doomed_chunks: set[bytes] = set()
+    removed = 0
+    for path in sorted(folder.glob("*.msgpack")) if folder.is_dir() else []:
+        try:
+            manifest = read_manifest(path.read_bytes())
+        except (OSError, CheckpointError):
+            continue
+        hashes = {ref.hash for ref in manifest.chunks}
+        if not doomed(manifest.full_metadata):
+            kept_chunks |= hashes
+            continue
+        path.unlink(missing_ok=True)
+        doomed_chunks |= hashes
+        removed += 1
+    for chunk_hash in doomed_chunks - kept_chunks:
+        chunk_path(directory, chunk_hash).unlink(missing_ok=True)
+    return removed
 
 
 # --- loading ------------------------------------------------------------------------------------

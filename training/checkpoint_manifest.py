@@ -25,7 +25,9 @@ rule broke.
 from __future__ import annotations
 
 import hashlib
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from locomesh.protocol import ProtocolError, pack, unpack
@@ -314,3 +316,14 @@ def _check_chunk_sizes(raw_size: int, chunk_size: int, chunks: tuple[ChunkRef, .
 def compress_bound(raw_size: int) -> int:
     """An upper bound on a zstd frame's size for `raw_size` input (ZSTD_compressBound plus header room)."""
     return raw_size + (raw_size >> 8) + 256
+
+
+# --- where a checkpoint store keeps things (here, not in checkpoint.py: no torch needed) ----------
+
+
+def chunk_path(directory: str | os.PathLike, chunk_hash: bytes) -> Path:
+    return Path(directory) / "chunks" / chunk_hash.hex()
+
+
+def manifest_path(directory: str | os.PathLike, checkpoint_id: bytes) -> Path:
+    return Path(directory) / "manifests" / f"{checkpoint_id.hex()}.msgpack"

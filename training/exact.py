@@ -173,6 +173,49 @@ def squared_distances(rows: Sequence[np.ndarray], center: np.ndarray) -> list[fl
     return sums.finish()
 
 
+def linear_combination(vectors: Sequence[np.ndarray], weights: Sequence[float]) -> np.ndarray:
+    """Σ_i float32(weights[i])·vectors[i] in float32: each product rounded, then added in the given order.
+
+    Vectors whose weight is exactly 0 are skipped: their terms are ±0, which
+    can change nothing but the sign of a zero, and every zero of the result is
+    made +0.0.
+    """
+    out = np.empty(vectors[0].size, dtype=F32)
+    for start, stop, combined, _ in _combination_by_slab(vectors, weights, scratch_rows=0):
+        out[start:stop] = combined
+    return out
+
+
+def combination_dots(vectors: Sequence[np.ndarray], weights: Sequence[float]) -> list[float]:
+    """With d = linear_combination(vectors, weights): [⟨vectors[i], d⟩ for every i] + [‖d‖²].
+
+    One pass: d is built slab by slab (the same bits as `linear_combination`)
+    and dotted while the slab is in cache, never stored whole. Each product is
+    rounded to float32 and summed by `fixed_sum`, as in `dot`.
+    """
+    k = len(vectors)
+    sums = LaneSums(k + 1)
+    for start, stop, combined, scratch in _combination_by_slab(vectors, weights, scratch_rows=k + 1):
+        for i, vector in enumerate(vectors):
+            np.multiply(vector[start:stop], combined, out=scratch[i])
+        np.multiply(combined, combined, out=scratch[k])
+        sums.add(scratch[: k + 1])
+    return sums.finish()
+
+
+def _combination_by_slab(vectors: Sequence[np.ndarray], weights: Sequence[float], *, scratch_rows: int):
+    """Yield (start, stop, the combination's slab, a (scratch_rows, slab) scratch block) slab by slab."""
+    terms = [(vector, F32(w)) for vector, w in zip(vectors, weights, strict=True) if w != 0.0]
+    block = np.empty((max(1, len(terms), scratch_rows), SLAB), dtype=F32)
+    combined = np.empty(SLAB, dtype=F32)
+    for start, stop in slabs(vectors[0].size):
+        part, here = block[:, : stop - start], combined[: stop - start]
+        for row, (vector, weight) in zip(part, terms):
+            np.multiply(vector[start:stop], weight, out=row)
+        np.add.reduce(part[: len(terms)], axis=0, dtype=F32, out=here)  # row after row; no terms: zeros
+        yield start, stop, canonical_zeros(here, out=here), part
+
+
 def canonical_zeros(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """x + 0.0: turns -0.0 into +0.0 (round-to-nearest) and leaves every other value as it is.
 

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from . import connectivity
+from . import checkpoint, connectivity, dht, train
 
 SCENARIOS: dict[str, Callable[..., dict]] = {
     "connectivity": connectivity.run,
+    "dht": dht.run,
+    "checkpoint": checkpoint.run,
+    "train": train.run,
 }

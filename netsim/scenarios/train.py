@@ -1,0 +1,347 @@
+"""Scenario `train`: N nodes train one run together with the daemon's real round protocol.
+
+Every node runs the services a daemon runs for training, on a real host over the simulated
+network: `RunRegistryService` (its DHT), `CrdtService` (the run's replicated state, GossipSub),
+`CheckpointService` (payloads and states travel as content-addressed checkpoints, on libp2p
+streams: ``dataplane=False``) and `RoundService`, whose participant is a `SimParticipant`
+(`netsim/sim_participant.py`): training costs `inner_steps x step_seconds` of *virtual* time
+instead of CPU, and a payload is `payload_bytes` of seeded bytes. Everything else (commits,
+the cutoff and proposals, fetching every payload, aggregation of the same set, votes,
+certificates, syncs) is the code the daemon runs.
+
+The run:
+
+1. node 0 creates a public run (a signed manifest with min_peers = N, so round 1 starts once
+   everyone has joined) and joins it; the others start at random times over `join_window`,
+   bootstrap their DHT off node 0, and join with `RoundService.join(manifest)`, which finds the
+   run's participants in the DHT, connects to them and pulls the run's CRDT state;
+2. they train `rounds` rounds. Options: `slow` nodes whose steps take `slow_factor` times
+   longer; `byzantine` nodes whose payloads are junk (the check in `SimParticipant.aggregate`,
+   standing for the real decoder, leaves them out); `churn` nodes crash during round
+   `churn_round` and as many fresh ones join then (they enter at a round boundary and sync).
+
+Measured (virtual time): per round, when it was first seen certified, how many payloads it
+aggregated and how many peers had to sync; per node, the compute share: modelled training
+seconds over the virtual seconds from its first training to its last finished round.
+
+What the defaults stand for: a payload of `payload_bytes` is the int8 pseudo-gradient of a
+model with that many parameters; a round's compute is `inner_steps` steps of `step_seconds`.
+Payload bytes travel through Python Noise and Yamux, so the defaults keep N x N x
+payload_bytes per round at tens of MB (a few minutes of wall time for 32 nodes on 2 cores).
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import trio
+
+from locomesh.node.checkpoint_download import run_inline
+from locomesh.node.checkpoint_service import CheckpointService
+from locomesh.node.crdt_service import CrdtService
+from locomesh.node.round_service import RoundService
+from locomesh.node.run_participation import RunParticipation
+from locomesh.node.run_registry_service import DEFAULT_HPARAMS, RunRegistryService
+from locomesh.protocol.runs import load_manifest, sign_manifest
+
+from .. import clock
+from ..links import Capacity, LinkProfile
+from ..node import SimNode
+from ..report import percentile, table
+from ..sim_participant import SimCompute, SimCost, SimParticipant
+from ..simulation import Simulation, run_simulation
+
+Progress = Callable[[str], None]
+MEGABIT = 1_000_000 / 8
+WATCH_SECONDS = 0.05  # virtual seconds between looks at the nodes' finished rounds (timing resolution)
+
+
+@dataclass(frozen=True)
+class Config:
+    nodes: int = 32
+    rounds: int = 3
+    uplink: float = 100 * MEGABIT
+    downlink: float = 100 * MEGABIT
+    latency: float = 0.05  # one way
+    buffer: int = 4 * 1024 * 1024  # in-flight bytes per connection (a grown TCP window)
+    inner_steps: int = 500
+    step_seconds: float = 0.2  # 100 s of compute per round
+    aggregate_seconds: float = 0.0
+    payload_bytes: int = 32 * 1024
+    state_bytes: int = 4096
+    round_deadline_s: int = 600
+    join_window: float = 5.0
+    slow: int = 0
+    slow_factor: float = 1.5
+    byzantine: int = 0
+    churn: int = 0
+    churn_round: int = 2
+    run_timeout: float = 3600.0  # virtual seconds after the last join
+
+
+@dataclass
+class _Member:
+    index: int
+    node: SimNode
+    kind: str  # honest, slow, byzantine, joiner
+    registry: RunRegistryService
+    rounds: RoundService
+    compute: SimCompute
+    services: tuple = ()  # started in this order on the node
+    crashed: bool = False
+    done_at: dict[int, float] = field(default_factory=dict)  # round -> when we saw it finished here
+
+    @property
+    def name(self) -> str:
+        return self.node.name
+
+    def participation(self, run_id: bytes) -> RunParticipation | None:
+        entry = self.rounds.participations.get(run_id)
+        return None if entry is None else entry[0]
+
+
+class _Run:
+    """The state of one `train` run."""
+
+    def __init__(self, sim: Simulation, config: Config, directory: Path, progress: Progress) -> None:
+        self.sim, self.config, self.directory, self.progress = sim, config, directory, progress
+        self.rng = sim.rng_for("train")
+        self.members: list[_Member] = []
+        self.manifest = b""
+        self.run_id = b""
+        self.started = 0.0  # virtual time the run was created
+
+    # --- population -----------------------------------------------------------------------------
+
+    def _add(self, kind: str) -> _Member:
+        config, index = self.config, len(self.members)
+        node = self.sim.add_node(f"n{index:04d}", profile=LinkProfile(latency=config.latency, buffer=config.buffer),
+                                 capacity=Capacity(upload=config.uplink, download=config.downlink))
+        data_dir = self.directory / node.name
+        registry = RunRegistryService(data_dir)
+        factor = config.slow_factor if kind == "slow" else 1.0
+        cost = SimCost(step_seconds=config.step_seconds * factor, aggregate_seconds=config.aggregate_seconds,
+                       payload_bytes=config.payload_bytes, state_bytes=config.state_bytes)
+
+        def participant(body: dict, key: bytes, _attack: str | None) -> SimParticipant:
+            return SimParticipant(body, key, cost, byzantine=kind == "byzantine")
+
+        crdt = CrdtService(data_dir)
+        checkpoints = CheckpointService(data_dir / "checkpoints", dataplane=False, offload=run_inline,
+                                        discovery=lambda: registry.discovery)
+        compute = SimCompute()
+        rounds = RoundService(registry, crdt, checkpoints, participant_factory=participant, compute=compute,
+                              offload=run_inline)
+        member = _Member(index, node, kind, registry, rounds, compute, (registry, crdt, checkpoints, rounds))
+        self.members.append(member)
+        return member
+
+    async def _start(self, member: _Member) -> None:
+        await self.sim.start(member.node)
+        assert member.node.nursery is not None
+        for service in member.services:
+            await member.node.nursery.start(service.run, member.node.node)
+
+    def _kinds(self) -> list[str]:
+        config = self.config
+        kinds = ["honest"] + ["byzantine"] * config.byzantine + ["slow"] * config.slow
+        if len(kinds) > config.nodes:
+            raise ValueError("byzantine + slow must leave at least one honest node (node 0, the creator)")
+        return kinds + ["honest"] * (config.nodes - len(kinds))
+
+    # --- the run --------------------------------------------------------------------------------
+
+    async def train(self) -> None:
+        kinds = self._kinds()
+        rest = [kinds[0], *self.rng.sample(kinds[1:], len(kinds) - 1)]  # where the odd ones sit: seeded
+        creator = self._add(rest[0])
+        await self._start(creator)
+        self._create_run(creator)
+        await creator.rounds.join(self.manifest)
+        self.progress(f"t={trio.current_time():.1f}s: run created; {self.config.nodes - 1} nodes joining")
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._watch, nursery.cancel_scope)
+            async with trio.open_nursery() as joins:
+                for kind in rest[1:]:
+                    joins.start_soon(self._join, self._add(kind), creator, self.rng.uniform(0, self.config.join_window))
+            self.progress(f"t={trio.current_time():.1f}s: all {len(self.members)} nodes joined")
+            if self.config.churn:
+                nursery.start_soon(self._churn, creator)
+            await trio.sleep(self.config.run_timeout)
+            nursery.cancel_scope.cancel()
+
+    def _create_run(self, creator: _Member) -> None:
+        config = self.config
+        hparams = {**DEFAULT_HPARAMS, "min_peers": config.nodes, "round_deadline_s": config.round_deadline_s,
+                   "inner_steps": config.inner_steps}
+        self.manifest = sign_manifest(creator.node.identity, task="netsim", name="netsim train", seed=self.sim.seed,
+                                      hparams=hparams, public=True, created=int(clock.wall()))
+        self.run_id = load_manifest(self.manifest)[0]
+        creator.registry.store.add(self.manifest, "created")
+        self.started = trio.current_time()
+
+    async def _join(self, member: _Member, creator: _Member, at: float) -> None:
+        await trio.sleep_until(at)
+        await self._start(member)
+        assert member.registry.discovery is not None
+        await member.node.connect(creator.node.peer_id, creator.node.listen_addr)
+        await member.registry.discovery.wait_seeded()
+        await member.rounds.join(self.manifest)
+
+    async def _churn(self, creator: _Member) -> None:
+        """While round `churn_round` trains, crash `churn` nodes (never the creator) and start as many."""
+        config = self.config
+        while not any(config.churn_round - 1 in m.done_at for m in self.members) and config.churn_round > 1:
+            await trio.sleep(WATCH_SECONDS)
+        await trio.sleep(config.inner_steps * config.step_seconds / 2)
+        victims = self.rng.sample([m for m in self.members[1:] if not m.crashed], config.churn)
+        for victim in victims:
+            victim.crashed = True
+            victim.node.crash()
+        self.progress(f"t={trio.current_time():.1f}s: crashed {', '.join(v.name for v in victims)}")
+        async with trio.open_nursery() as joins:
+            for _ in range(config.churn):
+                joins.start_soon(self._join, self._add("joiner"), creator, trio.current_time())
+
+    async def _watch(self, done: trio.CancelScope) -> None:
+        """Note when each node comes to hold each round's certified state (by aggregating or by a
+        sync); end the run once every live node has recorded the last round in its history."""
+        while True:
+            await trio.sleep(WATCH_SECONDS)
+            for member in self.members:
+                participation = None if member.crashed else member.participation(self.run_id)
+                if participation is not None and participation.failure is not None:
+                    raise RuntimeError(f"{member.name} stopped training: {participation.failure}")
+                held = 0 if participation is None else participation.machine.state_round
+                if held > 0 and held not in member.done_at:
+                    member.done_at[held] = trio.current_time()
+            live = [m for m in self.members if not m.crashed]
+            if len(live) >= self.config.nodes and all(self._recorded(m, self.config.rounds) for m in live):
+                done.cancel()
+                return
+
+    def _recorded(self, member: _Member, round_number: int) -> bool:
+        """Whether `member`'s history has `round_number` (written once its next evaluation ran)."""
+        participation = member.participation(self.run_id)
+        return participation is not None and any(r.round == round_number for r in participation.history)
+
+    # --- reporting ------------------------------------------------------------------------------
+
+    def _records(self, round_number: int) -> list:
+        records = []
+        for member in self.members:
+            participation = member.participation(self.run_id)
+            if participation is not None:
+                records += [r for r in participation.history if r.round == round_number]
+        return records
+
+    def final_hashes(self) -> dict[str, str]:
+        """The state hash each live node holds at the end."""
+        hashes = {}
+        for member in self.members:
+            participation = member.participation(self.run_id)
+            if not member.crashed and participation is not None:
+                hashes[member.name] = (participation.machine.state_hash or b"").hex()
+        return hashes
+
+    def report(self) -> dict:
+        return {
+            "scenario": "train",
+            "config": asdict(self.config),
+            "summary": self._summary(),
+            "tables": [self._round_table(), self._node_table()],
+        }
+
+    def _shares(self) -> list[float]:
+        return [share for member in self.members if (share := self._share(member)) is not None]
+
+    def _share(self, member: _Member) -> float | None:
+        if member.crashed or self.config.rounds not in member.done_at or member.compute.first_train_at is None:
+            return None
+        start, end = member.compute.first_train_at, member.done_at[self.config.rounds]
+        return member.compute.seconds_between(start, end) / (end - start) if end > start else None
+
+    def _summary(self) -> dict:
+        config = self.config
+        shares = self._shares()
+        hashes = self.final_hashes()
+        honest_hashes = {h for m in self.members if m.kind != "byzantine" and (h := hashes.get(m.name))}
+        return {
+            "seed": self.sim.seed,
+            "nodes": config.nodes,
+            "link": f"{config.uplink / MEGABIT:g} Mbit/s up, {config.downlink / MEGABIT:g} down, {config.latency * 1000:g} ms one way",
+            "stands for": (f"a model of {config.payload_bytes} parameters (int8 payload of {config.payload_bytes} bytes), "
+                           f"{config.inner_steps} inner steps of {config.step_seconds:g} s per round"),
+            "nodes that reached the last round": sum(1 for m in self.members if config.rounds in m.done_at),
+            "live nodes holding the same state": len(hashes) if len(honest_hashes) == 1 else 0,
+            "compute share min": _rounded(min(shares, default=None)),
+            "compute share p50": _rounded(percentile(shares, 50)),
+            "target": "compute share >= 0.9",
+            "virtual seconds": round(trio.current_time() - self.started, 3),
+        }
+
+    def _round_table(self) -> dict:
+        rows, previous = [], None
+        for r in range(1, self.config.rounds + 1):
+            times = [m.done_at[r] - self.started for m in self.members if r in m.done_at]
+            records = self._records(r)
+            contributors = Counter(record.contributors for record in records if not record.synced).most_common(1)
+            first = min(times, default=None)
+            rows.append([
+                r, _rounded(first), _rounded(max(times, default=None)),
+                _rounded(None if first is None or previous is None else first - previous),
+                contributors[0][0] if contributors else None, sum(1 for record in records if record.synced), len(times),
+            ])
+            previous = first
+        return table(
+            "Rounds",
+            ["round", "certified at s", "last node at s", "round time s", "contributors", "splits (synced)", "nodes done"],
+            rows,
+            note="Virtual seconds from the run's creation until the first (last) node held the round's certified state. "
+                 "Splits: nodes that finished the round by syncing to the certified state.",
+        )
+
+    def _node_table(self) -> dict:
+        rows = []
+        for member in self.members:
+            share = self._share(member)
+            synced = sum(1 for r in (member.participation(self.run_id) or _Empty()).history if r.synced)
+            rows.append([member.name, member.kind, "crashed" if member.crashed else "up", len(member.done_at), synced,
+                         round(member.compute.seconds_between(0.0, trio.current_time()), 3), _rounded(share)])
+        return table(
+            "Nodes",
+            ["node", "kind", "end", "rounds done", "synced", "compute s", "compute share"],
+            rows,
+            note="Compute share: modelled training seconds over the virtual seconds from the node's first "
+                 "training to its last finished round.",
+        )
+
+
+class _Empty:
+    history: tuple = ()
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)
+
+
+def run(*, nodes: int = 32, seed: int = 0, progress: Progress = lambda line: None, **options: object) -> dict:
+    """Run the scenario and return its report (with the final state hash of every live node
+    under ``"hashes"``)."""
+    config = Config(nodes=nodes, **options)  # type: ignore[arg-type]
+    if config.nodes < 2:
+        raise ValueError("need at least 2 nodes")
+    if config.churn >= config.nodes / 3:
+        raise ValueError("churn must stay under a third of the nodes (crashed peers still count in the electorate)")
+
+    async def main(sim: Simulation) -> dict:
+        with tempfile.TemporaryDirectory(prefix="locomesh-netsim-") as directory:
+            state = _Run(sim, config, Path(directory), progress)
+            await state.train()
+            return {**state.report(), "hashes": state.final_hashes()}
+
+    return run_simulation(seed, main)

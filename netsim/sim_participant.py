@@ -1,0 +1,154 @@
+"""A participant whose training costs modelled time instead of CPU, for the `train` scenario.
+
+`SimParticipant` has the public surface of `locomesh.training.participant.Participant` that the
+round protocol uses (`train`, `aggregate`, `save`, `load`, `evaluation_due`, `evaluate`, `round`, `outer.numel`,
+`settings.inner_steps`), so the daemon's real `RoundService` and `RunParticipation` drive it
+unchanged. What differs:
+
+- `train` does no arithmetic: it returns a payload of `payload_bytes` bytes drawn from a
+  generator seeded by (our key, round), so a run is repeatable, and notes that it cost
+  inner_steps x step_seconds x speed of compute; `SimCompute` turns that into a virtual sleep;
+- `aggregate` folds the SHA-256 of every *valid* payload, in sorted order, into the state: peers
+  that aggregate the same set reach the same state byte for byte, and a payload that fails the
+  check (the real participant's decoder refusing junk) changes nothing, as robust aggregation
+  should ensure for the real model;
+- `save`/`load` write and read a real checkpoint (`training.checkpoint`) of the state bytes, so
+  certificates name a real `state_hash` and a peer that disagrees syncs over the network.
+
+A payload is valid when it starts with `PAYLOAD_MARK` and is `payload_bytes` long; a Byzantine
+participant (`byzantine=True`) sends bytes of the right length that start with anything else.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+import trio
+
+from locomesh.training.checkpoint import Manifest, load_checkpoint, manifest_path, read_manifest, write_checkpoint
+from locomesh.training.participant import Contribution, ParticipantError
+
+PAYLOAD_MARK = 0x4C  # "L": the first byte of an honest payload
+JUNK_MARK = 0x00
+
+
+@dataclass(frozen=True)
+class SimCost:
+    """What one participant's work costs in (virtual) seconds."""
+
+    step_seconds: float = 0.1  # one inner step on this node
+    aggregate_seconds: float = 0.0  # decode, robust aggregation and outer step
+    payload_bytes: int = 32 * 1024
+    state_bytes: int = 4096
+
+
+@dataclass(frozen=True)
+class _Settings:
+    inner_steps: int
+
+
+@dataclass(frozen=True)
+class _Outer:
+    numel: int  # parameters the payload stands for (one int8 each)
+
+
+class SimParticipant:
+    """θ as opaque state bytes; training and aggregation cost modelled time. Not thread-safe."""
+
+    def __init__(self, genesis_body: dict[str, Any], key: bytes, cost: SimCost, *, byzantine: bool = False) -> None:
+        hparams = genesis_body["hparams"]
+        self.key = key
+        self.cost = cost
+        self.byzantine = byzantine
+        self.settings = _Settings(int(hparams["inner_steps"]))
+        self.outer = _Outer(cost.payload_bytes)
+        self.round = 0
+        self.state = _expand(hashlib.sha256(b"genesis" + genesis_body["seed"].to_bytes(8, "big")).digest(),
+                             cost.state_bytes)
+        self.pending_seconds = 0.0  # modelled cost of the last call, taken by `SimCompute`
+
+    def take_pending_seconds(self) -> float:
+        seconds, self.pending_seconds = self.pending_seconds, 0.0
+        return seconds
+
+    # --- one round ------------------------------------------------------------------------------
+
+    def train(self) -> Contribution:
+        """A deterministic payload for (our key, round); costs inner_steps x step_seconds."""
+        seconds = self.settings.inner_steps * self.cost.step_seconds
+        self.pending_seconds = seconds
+        seed = hashlib.sha256(b"payload" + self.key + self.round.to_bytes(8, "big")).digest()
+        payload = bytearray(_expand(seed, self.cost.payload_bytes))
+        payload[0] = JUNK_MARK if self.byzantine else PAYLOAD_MARK
+        return Contribution(bytes(payload), self.settings.inner_steps, float("nan"), seconds)
+
+    def aggregate(self, payloads: dict[bytes, bytes]) -> None:
+        """The next state from the hashes of the valid payloads; ValueError if none is valid
+        (as the real participant's EmptyRoundError: nothing to apply)."""
+        self.pending_seconds = self.cost.aggregate_seconds
+        digests = sorted(hashlib.sha256(p).digest() for p in payloads.values() if self.is_valid(p))
+        if not digests:
+            raise ValueError(f"round {self.round + 1}: none of {len(payloads)} payloads is valid")
+        seed = hashlib.sha256(self.state + self.round.to_bytes(8, "big") + b"".join(digests)).digest()
+        self.state = _expand(seed, self.cost.state_bytes)
+        self.round += 1
+
+    def is_valid(self, payload: bytes) -> bool:
+        return len(payload) == self.cost.payload_bytes and payload[:1] == bytes([PAYLOAD_MARK])
+
+    def evaluation_due(self) -> bool:
+        """Never: there is no model, so no loss; the simulator measures time, not learning."""
+        return False
+
+    def evaluate(self) -> dict[str, float | None]:
+        return {"loss": None, "floor": None}
+
+    # --- the shared state as a checkpoint -------------------------------------------------------
+
+    def save(self, directory: str | os.PathLike, run: bytes) -> Manifest:
+        tensors = {"state": np.frombuffer(self.state, dtype=np.uint8)}
+        return write_checkpoint(directory, tensors, {"round": self.round, "run": run})
+
+    def load(self, directory: str | os.PathLike, checkpoint_id: bytes, run: bytes) -> Manifest:
+        """Adopt a verified checkpoint's state; `ParticipantError` if it is not a state of this run."""
+        tensors, metadata = load_checkpoint(directory, checkpoint_id)
+        state = tensors.get("state")
+        if metadata["run"] != run or state is None or state.numel() != self.cost.state_bytes:
+            raise ParticipantError("the checkpoint is not a simulated state of this run")
+        self.state = state.numpy().tobytes()
+        self.round = metadata["round"]
+        return read_manifest(manifest_path(directory, checkpoint_id).read_bytes())
+
+
+class SimCompute:
+    """`RoundService(compute=...)`: run a participant method inline, then sleep its modelled
+    seconds in virtual time; keeps the virtual intervals spent training (for the compute share)."""
+
+    def __init__(self) -> None:
+        self.trainings: list[tuple[float, float]] = []  # (start, end), virtual seconds
+
+    @property
+    def first_train_at(self) -> float | None:
+        return self.trainings[0][0] if self.trainings else None
+
+    def seconds_between(self, start: float, end: float) -> float:
+        """Virtual seconds spent training within [start, end]."""
+        return sum(max(0.0, min(end, b) - max(start, a)) for a, b in self.trainings)
+
+    async def __call__(self, function: Callable[..., Any], *args: Any) -> Any:
+        result = function(*args)
+        owner = getattr(function, "__self__", None)
+        seconds = owner.take_pending_seconds() if isinstance(owner, SimParticipant) else 0.0
+        if isinstance(owner, SimParticipant) and function.__name__ == "train":
+            self.trainings.append((trio.current_time(), trio.current_time() + seconds))
+        await trio.sleep(seconds)
+        return result
+
+
+def _expand(seed: bytes, size: int) -> bytes:
+    return np.random.default_rng(int.from_bytes(seed, "big")).integers(0, 256, size, dtype=np.uint8).tobytes()
+

@@ -1,0 +1,381 @@
+"""Circuit relay v2 and hole punching: relay for others when public, reserve relays when private.
+
+Theory of operation
+-------------------
+The service runs py-libp2p's circuit relay v2 (`CircuitV2Protocol`) and,
+unless turned off, its DCUtR hole puncher; every `CHECK_INTERVAL` seconds it
+looks at the reachability verdict (`locomesh.node.nat.reachability`) and
+adjusts what this node offers and uses, by this table::
+
+    verdict / mode           offers a relay (hop)        holds reservations
+    public, mode "auto"      yes                         none (dropped)
+    private                  mode "on" only              up to `reservations` relays
+    unknown                  mode "on" only              keeps what it has
+    any, mode "off"          no                          as above
+
+A *private* node reserves a slot on up to `reservations` directly connected
+peers that speak the hop protocol, re-reserves every `REFRESH_INTERVAL`
+(well inside the relay's reservation TTL) and replaces a relay whose
+connection dropped. Its relay addresses
+(``<relay addr>/p2p/<relay>/p2p-circuit/p2p/<us>``) are published in our DHT
+peer record whenever they change, so others can reach us through them
+(`connect`, RPC ``nat.connect``). Once a relayed connection exists, DCUtR
+(on both sides) tries a simultaneous direct dial and, when it works, moves
+traffic to the direct connection and closes the relayed one.
+
+A relay is bounded by `RelayBounds`: reservations held at once, circuits at
+once, and per circuit a duration and a byte budget; py-libp2p enforces them
+(and refuses hop requests that come over relayed connections).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+from libp2p.peer.id import ID
+from libp2p.relay.circuit_v2.config import RelayConfig, RelayRole
+from libp2p.relay.circuit_v2.dcutr import DCUtRProtocol
+from libp2p.relay.circuit_v2.protocol import PROTOCOL_ID as HOP_PROTOCOL_ID
+from libp2p.relay.circuit_v2.protocol import STOP_PROTOCOL_ID, CircuitV2Protocol
+from libp2p.relay.circuit_v2.resources import RelayLimits
+from libp2p.relay.circuit_v2.transport import CircuitV2Transport
+from libp2p.tools.anyio_service import background_trio_service
+from multiaddr import Multiaddr
+
+from locomesh.node.rpc import RpcError
+from locomesh.node.runtime import DialError, Node
+from locomesh.node.streams import close_quietly, reset_quietly
+
+from .addresses import is_relayed, tcp_endpoint
+from .connections import DIRECT, RELAYED, facts_of
+from .reachability import PRIVATE, PUBLIC
+
+logger = logging.getLogger(__name__)
+
+RELAY_MODES = ("auto", "on", "off")
+CHECK_INTERVAL = 5.0
+REFRESH_INTERVAL = 900.0
+RESERVE_TIMEOUT = 10.0
+CONNECT_TIMEOUT = 10.0
+RELAY_DIAL_DELAY = 2.0  # direct dials get this head start over relayed ones
+MAX_CONNECT_ADDRS = 4
+
+
+@dataclass(frozen=True)
+class RelayBounds:
+    """What one relay gives away at most (py-libp2p's `RelayLimits`, named for what they bound)."""
+
+    max_reservations: int = 32
+    max_circuits: int = 16
+    circuit_seconds: int = 1800
+    circuit_bytes: int = 1024**3  # a whole checkpoint download must fit
+    reservation_ttl: int = 3600
+
+    def limits(self) -> RelayLimits:
+        return RelayLimits(
+            duration=self.circuit_seconds,
+            data=self.circuit_bytes,
+            max_circuit_conns=self.max_circuits,
+            max_reservations=self.max_reservations,
+            reservation_ttl=self.reservation_ttl,
+        )
+
+
+def plan_reservations(
+    held: dict[str, float], candidates: list[str], *, want: int, now: float
+) -> tuple[list[str], list[str]]:
+    """Which relays to (re-)reserve now, and which held ones to drop.
+
+    `held` maps a relay to when we last reserved on it; `candidates` are the
+    relays we could use, best first (connected, speaking hop). Held relays no
+    longer among the candidates are dropped; held ones older than
+    `REFRESH_INTERVAL` are refreshed; free slots are filled from the rest.
+    """
+    drop = [relay for relay in held if relay not in candidates]
+    kept = [relay for relay in held if relay in candidates]
+    refresh = [relay for relay in kept if now - held[relay] >= REFRESH_INTERVAL]
+    fresh = [relay for relay in candidates if relay not in held][: max(0, want - len(kept))]
+    return refresh + fresh, drop
+
+
+class RelayService:
+    """Relay (hop) when public, reservations when private, DCUtR on relayed connections."""
+
+    name = "relay"
+
+    def __init__(
+        self,
+        reachability: Callable[[], str],
+        *,
+        mode: str = "auto",
+        reservations: int = 2,
+        hole_punch: bool = True,
+        bounds: RelayBounds = RelayBounds(),
+        discovery: Callable[[], Any] | None = None,
+    ) -> None:
+        if mode not in RELAY_MODES:
+            raise ValueError(f"relay mode {mode!r} is not one of {RELAY_MODES}")
+        self._reachability = reachability
+        self.mode = mode
+        self.want_reservations = reservations
+        self.hole_punch = hole_punch
+        self.bounds = bounds
+        self._discovery = discovery or (lambda: None)
+        self.reserved: dict[str, float] = {}  # relay peer ID -> when we last reserved (trio clock)
+        self.offering = False
+        self._published: tuple[str, ...] = ()
+        self._node: Node | None = None
+        self._protocol: CircuitV2Protocol | None = None
+        self._transport: CircuitV2Transport | None = None
+
+    async def run(self, node: Node, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        self._node = node
+        limits = self.bounds.limits()
+        self._protocol = CircuitV2Protocol(node.host, limits, allow_hop=False)
+        config = RelayConfig(roles=RelayRole.STOP | RelayRole.CLIENT, limits=limits)
+        self._transport = CircuitV2Transport(node.host, self._protocol, config)
+        node.add_status_field("relay", self.status)
+        node.rpc.register("nat.connect", self._rpc_connect)
+        async with AsyncExitStack() as stack:
+            await stack.enter_async_context(background_trio_service(self._protocol))
+            # py-libp2p registered its stop handler bare; an error escaping it would take the host down.
+            node.host.set_stream_handler(STOP_PROTOCOL_ID, _contained(self._protocol._handle_stop_stream, node))
+            if self.hole_punch:
+                await stack.enter_async_context(background_trio_service(DCUtRProtocol(node.host)))
+            async with trio.open_nursery() as nursery:
+                task_status.started()
+                while True:
+                    await self.adjust(nursery)
+                    await trio.sleep(CHECK_INTERVAL)
+
+    # --- the decision table --------------------------------------------------------------
+
+    async def adjust(self, nursery: trio.Nursery) -> None:
+        """Apply the module docstring's table once."""
+        verdict = self._reachability()
+        if not self.offering and (self.mode == "on" or (self.mode == "auto" and verdict == PUBLIC)):
+            self._offer_hop()
+        if verdict == PUBLIC:
+            self.reserved.clear()
+        elif verdict == PRIVATE and self.want_reservations > 0:
+            await self._keep_reservations(nursery)
+        await self._publish_relay_addrs()
+
+    def _offer_hop(self) -> None:
+        node, protocol = self._require_node(), self._protocol
+        assert protocol is not None
+        protocol.allow_hop = True
+        # py-libp2p registers the hop handler only at start (when allow_hop was
+        # already set); we turn it on later, once we know we are public.
+        node.host.set_stream_handler(HOP_PROTOCOL_ID, _contained(protocol._handle_hop_stream, node))
+        self.offering = True
+        logger.info("offering a circuit relay (%s)", self.bounds)
+
+    async def _keep_reservations(self, nursery: trio.Nursery) -> None:
+        now = trio.current_time()
+        candidates = self.relay_candidates()
+        to_reserve, to_drop = plan_reservations(self.reserved, candidates, want=self.want_reservations, now=now)
+        for relay in to_drop:
+            logger.info("relay %s is gone; dropping its reservation", relay)
+            del self.reserved[relay]
+        for relay in to_reserve:
+            if await self._reserve(relay, nursery):
+                self.reserved[relay] = now
+
+    async def _reserve(self, relay: str, nursery: trio.Nursery) -> bool:
+        node, transport = self._require_node(), self._transport
+        assert transport is not None
+        try:
+            stream = await node.open_stream(relay, [HOP_PROTOCOL_ID], timeout=RESERVE_TIMEOUT)
+        except DialError as error:
+            logger.info("no reservation on %s: %s", relay, error)
+            return False
+        try:
+            with trio.move_on_after(RESERVE_TIMEOUT):
+                if await transport.reserve(stream, ID.from_base58(relay), nursery):
+                    logger.info("reserved a relay slot on %s", relay)
+                    return True
+            logger.info("relay %s refused or did not answer a reservation", relay)
+            return False
+        finally:
+            await close_quietly(stream)
+
+    def relay_candidates(self) -> list[str]:
+        """Directly connected peers that said (Identify) they relay, in a stable order."""
+        node = self._require_node()
+        store = node.host.get_peerstore()
+        found = []
+        for peer_id in sorted(self._direct_connections()):
+            try:
+                protocols = store.get_protocols(ID.from_base58(peer_id))
+            except Exception:  # noqa: BLE001 - the peerstore raises for unknown peers
+                continue
+            if HOP_PROTOCOL_ID in protocols:
+                found.append(peer_id)
+        return found
+
+    # --- addresses: ours through relays, and dialling others ------------------------------
+
+    def relay_addrs(self) -> list[str]:
+        """Our addresses through the relays we hold a reservation on (at the address we dialled each one)."""
+        node = self._require_node()
+        direct = self._direct_connections(outbound_only=True)
+        found = []
+        for relay in sorted(self.reserved):
+            for address in direct.get(relay, ()):
+                found.append(f"{address}/p2p/{relay}/p2p-circuit/p2p/{node.peer_id}")
+        return found
+
+    async def _publish_relay_addrs(self) -> None:
+        relay_addrs = tuple(self.relay_addrs())
+        discovery = self._discovery()
+        if relay_addrs == self._published or discovery is None:
+            return
+        node = self._require_node()
+        addrs = [str(address) for address in node.host.get_transport_addrs()]
+        try:
+            with trio.move_on_after(CONNECT_TIMEOUT * 3):
+                await discovery.publish_peer_record(addrs, relay_addrs)
+                self._published = relay_addrs
+                logger.info("published our relay addresses: %s", ", ".join(relay_addrs) or "none")
+        except Exception as error:  # noqa: BLE001 - DiscoveryError and DHT failures: retried next check
+            logger.info("publishing our relay addresses failed: %s", error)
+
+    async def connect(self, peer_id: str, addrs: list[str]) -> str:
+        """Connect to `peer_id` at its plain TCP `addrs` and, from `RELAY_DIAL_DELAY` s on, through its relay ones.
+
+        All dials run at once (a private address that leads nowhere must not
+        hold the relayed path up); the first to succeed wins and the others are
+        cancelled. DCUtR later upgrades a relayed connection where it can.
+        Returns how we are connected ("direct" or "relayed"); `DialError` if nothing worked.
+        """
+        node = self._require_node()
+        if peer_id in node.peers:
+            return self.connection_kind(peer_id) or DIRECT
+        direct = [a for a in addrs if not is_relayed(a) and tcp_endpoint(a.split("/p2p/")[0])][:MAX_CONNECT_ADDRS]
+        relayed = [a for a in addrs if is_relayed(a)][:MAX_CONNECT_ADDRS]
+        winner: list[str] = []
+        errors: list[str] = []
+
+        async def attempt(kind: str, address: str, delay: float, cancel: trio.CancelScope) -> None:
+            await trio.sleep(delay)
+            try:
+                await (self._dial_direct(peer_id, address) if kind == DIRECT else self._dial_relayed(address))
+            except DialError as error:
+                errors.append(str(error))
+                return
+            winner.append(kind)
+            cancel.cancel()
+
+        async with trio.open_nursery() as nursery:
+            for address in direct:
+                nursery.start_soon(attempt, DIRECT, address, 0.0, nursery.cancel_scope)
+            for address in relayed:
+                nursery.start_soon(attempt, RELAYED, address, RELAY_DIAL_DELAY if direct else 0.0, nursery.cancel_scope)
+        if winner:
+            return winner[0]
+        raise DialError(f"no connection to {peer_id}: {'; '.join(errors) or 'no usable address'}")
+
+    async def _dial_direct(self, peer_id: str, address: str) -> None:
+        node = self._require_node()
+        node.forget_failed_dials(peer_id)
+        await node.connect(Multiaddr(address if "/p2p/" in address else f"{address}/p2p/{peer_id}"))
+
+    async def _dial_relayed(self, address: str) -> None:
+        transport = self._transport
+        assert transport is not None
+        try:
+            with trio.fail_after(CONNECT_TIMEOUT):
+                await transport.dial(Multiaddr(address))
+        except Exception as error:  # noqa: BLE001 - trio.TooSlowError and py-libp2p's relay errors
+            raise DialError(f"{address}: {type(error).__name__}: {error}") from None
+
+    def connection_kind(self, peer_id: str) -> str | None:
+        """"direct" if we hold a direct connection to `peer_id`, "relayed" if only relayed ones, else None."""
+        kinds = {facts_of(conn).kind for conn in self._connections_to(peer_id)}
+        return DIRECT if DIRECT in kinds else (RELAYED if kinds else None)
+
+    async def _rpc_connect(self, peer_id: str, addrs: list[str] | None = None) -> dict[str, Any]:
+        """RPC ``nat.connect``: connect to a peer by ID, finding its addresses in the DHT if none are given."""
+        if not isinstance(peer_id, str) or not peer_id:
+            raise RpcError.invalid_params("peer_id must be a peer ID string")
+        if addrs is None:
+            addrs = await self._lookup_addrs(peer_id)
+        if not isinstance(addrs, list) or not all(isinstance(address, str) for address in addrs):
+            raise RpcError.invalid_params("addrs must be a list of multiaddr strings")
+        try:
+            kind = await self.connect(peer_id, addrs)
+        except DialError as error:
+            raise RpcError(-32000, str(error)) from None
+        return {"peer_id": peer_id, "connection": kind}
+
+    async def _lookup_addrs(self, peer_id: str) -> list[str]:
+        discovery = self._discovery()
+        if discovery is None:
+            raise RpcError(-32000, "no DHT to look the peer up in: give its addrs")
+        try:
+            record = await discovery.find_peer_record(peer_id)
+        except Exception as error:  # noqa: BLE001 - DiscoveryError, ProtocolError
+            raise RpcError(-32000, f"peer record lookup failed: {error}") from None
+        if record is None:
+            raise RpcError(-32004, f"no peer record for {peer_id} in the DHT")
+        return list(record.body["addrs"]) + list(record.body["relay_addrs"])
+
+    # --- what is shown -------------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        """The ``relay`` status field."""
+        protocol = self._protocol
+        circuits = len(getattr(protocol, "_active_relays", {})) if protocol is not None else 0
+        return {
+            "mode": self.mode,
+            "offering": self.offering,
+            "active_circuits": circuits,
+            "reservations": sorted(self.reserved),
+            "relay_addrs": self.relay_addrs() if self._node is not None else [],
+            "published_relay_addrs": list(self._published),  # in our DHT peer record (the put finished)
+            "hole_punching": self.hole_punch,
+        }
+
+    def _connections_to(self, peer_id: str) -> list[Any]:
+        network = self._require_node().host.get_network()
+        return list(network.get_connections(ID.from_base58(peer_id)))
+
+    def _direct_connections(self, *, outbound_only: bool = False) -> dict[str, list[str]]:
+        """Peer -> the plain TCP addresses of our direct connections to it (an inbound one shows the peer's
+        source port, not where it listens: `outbound_only` leaves those out)."""
+        found: dict[str, list[str]] = {}
+        for connections in list(self._require_node().host.get_network().connections.values()):
+            for conn in connections:
+                facts = facts_of(conn)
+                if facts.kind == DIRECT and (facts.direction == "outbound" or not outbound_only):
+                    addrs = [address.split("/p2p/")[0] for address in facts.addrs if tcp_endpoint(address)]
+                    found.setdefault(facts.peer_id, []).extend(addrs)
+        return found
+
+    def _require_node(self) -> Node:
+        assert self._node is not None, "the service is not running"
+        return self._node
+
+
+def _contained(handler: Callable[[Any], Any], node: Node) -> Callable[[Any], Any]:
+    """`handler`, but an exception it lets out resets the stream instead of taking the host down.
+
+    Not `node.set_stream_handler`'s guard: that one closes the stream when the
+    handler returns, and a relay handler may return while its circuit lives on.
+    """
+
+    async def run(stream: Any) -> None:
+        try:
+            await handler(stream)
+        except Exception as error:  # noqa: BLE001 - the point of this wrapper
+            logger.info("relay handler failed: %s: %s", type(error).__name__, error)
+            node.count_protocol_error("relay")
+            await reset_quietly(stream)
+
+    return run

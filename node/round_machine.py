@@ -1,0 +1,459 @@
+"""The round protocol of one peer in one run, as a sans-IO state machine.
+
+Theory of operation
+-------------------
+The run's CRDT (`locomesh.crdt`) certifies rounds: round r is done when more than two thirds of
+the peers eligible for r signed the same hash of the new shared state. A peer holding the state
+of the newest certified round c takes part in round c + 1:
+
+1. it trains H inner steps and encodes its pseudo-gradient (the *payload*);
+2. it commits to the payload (a signed `commit` op naming the payload's content ID) and offers it
+   to the others;
+3. it fetches every payload the other eligible peers commit to, from the moment it sees the
+   commit (during its own training too). The round's contributions are the commits seen before
+   the *cutoff*: the time the round's first commit was seen, plus a window. Every peer sees the
+   first commit within a gossip delay of the others, so honest peers cut at nearly the same
+   moment and pick the same set; a commit that lands after the cutoff, our own included, is left
+   out by everyone. A vanished or slow peer costs one window, never the round;
+4. cut-off times still differ a little, so one peer's set decides: the round's *proposer*, the
+   first of the electorate in an order drawn from the round number, publishes the set it cut
+   (a `propose` op); everyone aggregates exactly that set (fetching what it lacks), so honest
+   peers compute the same state. A proposer that stays silent for a window hands over to the
+   next one; a set naming fewer than half of the round's electorate is refused;
+5. it aggregates (decode, validate, robust aggregation, outer step: bit-exact on every CPU),
+   writes the new state as a checkpoint and votes for its hash;
+6. when the round is certified it moves on if its hash is the certified one, and otherwise
+   *syncs*: it downloads the certified checkpoint. A peer that finds the run ahead of it (a late
+   joiner, a peer that was cut off, one whose round was certified without it) syncs the same way.
+
+Nothing here touches the network, the disk or the clock. The service (`round_service.py`) feeds
+in `Observation`s (what the CRDT says now, and the time) and the completions of the work the
+machine asked for; each call returns the `Action`s to carry out. The simulator and the tests
+drive exactly this code.
+
+Rules of this file
+------------------
+- Transitions live in `TRANSITIONS`, keyed by (phase, event type); an event with no entry for
+  the current phase is stale (a completion of work that was discarded) and is ignored.
+- Every handler returns the actions for the caller, in the order to carry them out.
+- The window adapts to what was measured, from things every peer sees alike: the larger of a
+  floor and twice the spread of commit arrivals (first to last within the cutoff) of recent
+  rounds, capped by what is left of the run's round deadline. The round closes early once every
+  eligible peer's payload is in.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Union
+
+PayloadId = bytes
+Author = bytes
+
+
+class Phase(enum.Enum):
+    IDLE = "idle"  # holds the state of the certified round; not (yet) eligible for the next one
+    TRAIN = "train"  # inner steps under way
+    COLLECT = "collect"  # committed; waiting for the cutoff and the others' payloads
+    PROPOSE = "propose"  # cut off; waiting for the round's proposal and the payloads it names
+    AGGREGATE = "aggregate"  # outer step under way
+    VOTED = "voted"  # waiting for the round's certificate
+    SYNC = "sync"  # fetching the certified state
+
+
+# --- inputs ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What the run state says now. `commits` and `electorate` are for round `certified + 1`."""
+
+    now: float
+    certified: int  # newest certified round (0: none yet; the genesis state)
+    certified_hash: bytes | None  # its state hash (None for round 0)
+    electorate: frozenset[Author]  # peers eligible for round certified + 1
+    commits: dict[Author, tuple[PayloadId, int]]  # round certified + 1: author -> (payload ID, size)
+    proposals: dict[Author, tuple[Author, ...]] = field(default_factory=dict)  # round certified + 1
+
+
+@dataclass(frozen=True)
+class Trained:
+    round: int
+    payload_id: PayloadId
+    size: int
+    seconds: float
+    now: float
+
+
+@dataclass(frozen=True)
+class Fetched:
+    round: int
+    author: Author
+    ok: bool  # False: no provider delivered it before the service gave up
+    now: float
+
+
+@dataclass(frozen=True)
+class Aggregated:
+    round: int
+    state_hash: bytes | None  # None: nothing valid to aggregate (every payload was rejected)
+    now: float
+
+
+@dataclass(frozen=True)
+class Synced:
+    round: int
+    state_hash: bytes | None  # None: the sync failed; it is tried again after RETRY_SECONDS
+    now: float
+
+
+Event = Union[Observation, Trained, Fetched, Aggregated, Synced]
+
+
+# --- outputs ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StartTraining:
+    round: int
+
+
+@dataclass(frozen=True)
+class PublishCommit:
+    round: int
+    payload_id: PayloadId
+    size: int
+
+
+@dataclass(frozen=True)
+class Fetch:
+    round: int
+    author: Author
+    payload_id: PayloadId
+    size: int
+
+
+@dataclass(frozen=True)
+class PublishProposal:
+    round: int
+    authors: tuple[Author, ...]
+
+
+@dataclass(frozen=True)
+class StartAggregate:
+    round: int
+    authors: tuple[Author, ...]  # whose payloads to aggregate (ours included), sorted
+    last_commit: float = 0.0  # when the last of their commits was seen (for the exchange timing)
+
+
+@dataclass(frozen=True)
+class PublishVote:
+    round: int
+    state_hash: bytes
+
+
+@dataclass(frozen=True)
+class StartSync:
+    round: int
+    state_hash: bytes
+
+
+@dataclass(frozen=True)
+class Discard:
+    """Stop any work for `round` (training, fetches): the run has moved past it."""
+
+    round: int
+
+
+@dataclass(frozen=True)
+class RoundDone:
+    """Round `round` was certified with our hash (or adopted by a sync): for progress reports."""
+
+    round: int
+    state_hash: bytes
+    contributors: int  # payloads we aggregated (0 after a sync)
+    synced: bool
+
+
+Action = Union[StartTraining, PublishCommit, Fetch, PublishProposal, StartAggregate, PublishVote, StartSync, Discard, RoundDone]
+
+
+# --- the machine -----------------------------------------------------------------------------------
+
+MIN_COLLECT_SECONDS = 2.0
+RETRY_SECONDS = 1.0
+SPREAD_HISTORY = 3
+
+
+@dataclass
+class Timing:
+    """Deadline settings; `round_deadline` comes from the run's hyperparameters."""
+
+    round_deadline: float = 600.0
+    min_collect: float = MIN_COLLECT_SECONDS
+    min_peers: int = 1  # a round starts only once this many peers are eligible for it
+
+
+@dataclass
+class _Round:
+    """Our work on the round being trained."""
+
+    number: int
+    started: float
+    committed_at: float | None = None  # when our own commit went out
+    arrivals: dict[Author, float] = field(default_factory=dict)  # others' commits: when first seen
+    fetched: set[Author] = field(default_factory=set)
+    failed: set[Author] = field(default_factory=set)
+    closed_at: float = 0.0  # when our own cut happened
+    own_set: tuple[Author, ...] = ()  # what we would propose
+    chosen: tuple[Author, ...] | None = None  # the proposal we follow
+    last_commit: float = 0.0
+
+    @property
+    def first_seen(self) -> float | None:
+        times = [*self.arrivals.values(), *([] if self.committed_at is None else [self.committed_at])]
+        return min(times, default=None)
+
+
+class RoundMachine:
+    """One peer's round protocol in one run. See the module docstring."""
+
+    def __init__(self, me: Author, *, state_round: int = 0, state_hash: bytes | None = None, timing: Timing | None = None):
+        self.me = me
+        self.timing = timing or Timing()
+        self.phase = Phase.IDLE
+        self.state_round = state_round  # the round whose state we hold
+        self.state_hash = state_hash  # its hash (None for the genesis state)
+        self.current: _Round | None = None
+        self.voted_hash: bytes | None = None
+        self.spreads: deque[float] = deque(maxlen=SPREAD_HISTORY)
+        self.retry_at = 0.0
+        self.awaiting_retry = False  # a sync failed; StartSync again at retry_at
+        self.last: Observation | None = None
+
+    def handle(self, event: Event) -> list[Action]:
+        """Feed one event; the actions to carry out, in order."""
+        if isinstance(event, Observation):
+            self.last = event
+            moved = self._follow_certificates(event)
+            if moved is not None:
+                return moved
+        handler = TRANSITIONS.get((self.phase, type(event)))
+        if handler is None or not self._is_current(event):
+            return []
+        return handler(self, event)
+
+    # --- observations, per phase ------------------------------------------------------------------
+
+    def _follow_certificates(self, seen: Observation) -> list[Action] | None:
+        """If the run certified a round at or past ours, adopt it (our hash) or sync to it."""
+        if seen.certified <= self.state_round:
+            return None
+        working = self.current.number if self.current else None
+        if (
+            self.phase is Phase.VOTED
+            and seen.certified == working
+            and self.voted_hash is not None
+            and seen.certified_hash == self.voted_hash
+        ):
+            done = RoundDone(working, self.voted_hash, len(self.current.fetched) + 1, synced=False)
+            self._adopt(working, self.voted_hash)
+            return [done, *self._idle_observe(seen)]
+        if self.phase is Phase.SYNC and self.current is not None and self.current.number == seen.certified:
+            return None  # already syncing to it
+        actions: list[Action] = [] if working is None else [Discard(working)]
+        assert seen.certified_hash is not None, "a certified round past 0 has a hash"
+        self.phase, self.current = Phase.SYNC, _Round(seen.certified, seen.now)
+        self.awaiting_retry = False
+        return [*actions, StartSync(seen.certified, seen.certified_hash)]
+
+    def _idle_observe(self, seen: Observation) -> list[Action]:
+        next_round = self.state_round + 1
+        if seen.certified != self.state_round or self.me not in seen.electorate:
+            return []  # not eligible yet: a late joiner waits for the round its join names
+        if len(seen.electorate) < self.timing.min_peers:
+            return []  # the run waits for enough peers before its first (or next) round
+        self.phase, self.current = Phase.TRAIN, _Round(next_round, seen.now)
+        return [StartTraining(next_round)]
+
+    def _watch_commits(self, seen: Observation) -> list[Action]:
+        """Note the time of every new commit of the round and start fetching its payload."""
+        work = self.current
+        actions: list[Action] = []
+        for author, (payload_id, size) in sorted(seen.commits.items()):
+            if author != self.me and author not in work.arrivals:
+                work.arrivals[author] = seen.now
+                actions.append(Fetch(work.number, author, payload_id, size))
+        return actions
+
+    def _collect_observe(self, seen: Observation) -> list[Action]:
+        return self._watch_commits(seen) + self._maybe_close(seen.now)
+
+    def _sync_observe(self, seen: Observation) -> list[Action]:
+        """Try a failed sync again once RETRY_SECONDS have passed."""
+        if not self.awaiting_retry or seen.now < self.retry_at:
+            return []
+        self.awaiting_retry = False
+        return [StartSync(seen.certified, seen.certified_hash)]
+
+    # --- completions ------------------------------------------------------------------------------
+
+    def _trained(self, done: Trained) -> list[Action]:
+        self.phase = Phase.COLLECT
+        self.current.committed_at = done.now
+        actions: list[Action] = [PublishCommit(done.round, done.payload_id, done.size)]
+        return actions + self._maybe_close(done.now)
+
+    def _fetched(self, done: Fetched) -> list[Action]:
+        (self.current.fetched if done.ok else self.current.failed).add(done.author)
+        if self.phase is Phase.COLLECT:
+            return self._maybe_close(done.now)
+        if self.phase is Phase.PROPOSE and self.current.chosen is not None:
+            return self._refetch() if not done.ok else self._aggregate_if_ready()
+        return []
+
+    def _aggregated(self, done: Aggregated) -> list[Action]:
+        self.phase = Phase.VOTED
+        self.voted_hash = done.state_hash
+        return [] if done.state_hash is None else [PublishVote(done.round, done.state_hash)]
+
+    def _synced(self, done: Synced) -> list[Action]:
+        if done.state_hash is None:
+            self.awaiting_retry, self.retry_at = True, done.now + RETRY_SECONDS
+            return []
+        self._adopt(done.round, done.state_hash)
+        actions: list[Action] = [RoundDone(done.round, done.state_hash, 0, synced=True)]
+        return actions + (self._idle_observe(self.last) if self.last is not None else [])
+
+    # --- helpers ----------------------------------------------------------------------------------
+
+    def _is_current(self, event: Event) -> bool:
+        """A completion counts only for the round we are working on."""
+        if isinstance(event, Observation):
+            return True
+        return self.current is not None and event.round == self.current.number
+
+    def _maybe_close(self, now: float) -> list[Action]:
+        """Cut once the cutoff passed (or every eligible payload is in) and the payloads of every
+        commit seen before the cutoff are fetched or failed; then propose or follow a proposal."""
+        work, seen = self.current, self.last
+        cutoff = self.cutoff()
+        expected = (seen.electorate if seen is not None else frozenset()) - {self.me}
+        counted = {author for author, at in work.arrivals.items() if at <= cutoff}
+        if now < cutoff and not expected <= counted:
+            return []
+        if not counted <= work.fetched | work.failed:
+            return []  # the service bounds every fetch; a failure counts as done
+        last = max((work.arrivals[a] for a in counted), default=work.first_seen)
+        self.spreads.append(last - work.first_seen)
+        mine = {self.me} if work.committed_at <= cutoff else set()
+        work.own_set = tuple(sorted((counted & work.fetched) | mine))
+        work.last_commit = max(last, work.committed_at) if mine else last
+        work.closed_at, self.phase = now, Phase.PROPOSE
+        return self._propose_or_follow(now)
+
+    def _propose_observe(self, seen: Observation) -> list[Action]:
+        if self.current.chosen is not None:
+            return []
+        return self._propose_or_follow(seen.now)
+
+    def _propose_or_follow(self, now: float) -> list[Action]:
+        """Follow the first acceptable proposal in proposer order whose turn has come; publish
+        ours when our turn comes with none before it."""
+        work, seen = self.current, self.last
+        window = self.window()
+        # The order is over the electorate, which every peer sees alike (who has committed is not:
+        # peers that ordered different candidates would wait for different proposers).
+        for index, proposer in enumerate(proposer_order(work.number, seen.electorate | {self.me})):
+            proposal = seen.proposals.get(proposer)
+            if proposal is not None and self._acceptable(proposal, seen):
+                return self._follow(proposal)
+            if proposal is None and proposer == self.me and now >= work.closed_at + index * window:
+                own = work.own_set
+                return [PublishProposal(work.number, own), *self._follow(own)] if own else []
+            if now < work.closed_at + (index + 1) * window:
+                return []  # still this proposer's turn
+        return []
+
+    def _acceptable(self, proposal: tuple[Author, ...], seen: Observation) -> bool:
+        """Every author named committed, and they are more than half of the electorate (a rule
+        that does not depend on anyone's timing, so every honest peer decides alike)."""
+        return set(proposal) <= {*seen.commits, self.me} and 2 * len(proposal) > len(seen.electorate)
+
+    def _follow(self, proposal: tuple[Author, ...]) -> list[Action]:
+        work = self.current
+        work.chosen = proposal
+        work.failed -= set(proposal)  # a payload the proposer had can be fetched again
+        return self._refetch() + self._aggregate_if_ready()
+
+    def _refetch(self) -> list[Action]:
+        """Fetch what the chosen proposal names and we lack (never seen, or failed before)."""
+        work, seen = self.current, self.last
+        actions: list[Action] = []
+        for author in work.chosen:
+            if author == self.me or author in work.fetched or (author in work.arrivals and author not in work.failed):
+                continue
+            if author in seen.commits:
+                work.arrivals.setdefault(author, seen.now)
+                payload_id, size = seen.commits[author]
+                actions.append(Fetch(work.number, author, payload_id, size))
+        return actions
+
+    def _aggregate_if_ready(self) -> list[Action]:
+        work = self.current
+        if work.chosen is None or not set(work.chosen) - {self.me} <= work.fetched:
+            return []
+        self.phase = Phase.AGGREGATE
+        return [StartAggregate(work.number, work.chosen, work.last_commit)]
+
+    def window(self) -> float:
+        """The cutoff window: a floor, or twice the commit spread of recent rounds."""
+        return max(self.timing.min_collect, 2.0 * max(self.spreads, default=0.0))
+
+    def cutoff(self) -> float:
+        """The round's cutoff: first commit seen plus the window (see the module docstring)."""
+        work = self.current
+        remaining = work.started + self.timing.round_deadline - work.first_seen
+        return work.first_seen + max(0.0, min(self.window(), remaining * 0.5))
+
+    def _adopt(self, round_number: int, state_hash: bytes) -> None:
+        self.state_round, self.state_hash = round_number, state_hash
+        self.phase, self.current, self.voted_hash = Phase.IDLE, None, None
+        self.awaiting_retry = False
+
+    def deadline(self) -> float | None:
+        """The next time at which an observation may change something (for the service's sleep)."""
+        if self.phase is Phase.COLLECT:
+            return self.cutoff()
+        if self.phase is Phase.PROPOSE and self.current.chosen is None:
+            return self.current.closed_at + self.window()
+        if self.phase is Phase.SYNC and self.awaiting_retry:
+            return self.retry_at
+        return None
+
+
+Handler = Callable[[RoundMachine, Event], list[Action]]
+
+TRANSITIONS: dict[tuple[Phase, type], Handler] = {
+    (Phase.IDLE, Observation): RoundMachine._idle_observe,
+    (Phase.TRAIN, Observation): RoundMachine._watch_commits,
+    (Phase.COLLECT, Observation): RoundMachine._collect_observe,
+    (Phase.PROPOSE, Observation): RoundMachine._propose_observe,
+    (Phase.SYNC, Observation): RoundMachine._sync_observe,
+    (Phase.TRAIN, Trained): RoundMachine._trained,
+    (Phase.TRAIN, Fetched): RoundMachine._fetched,
+    (Phase.COLLECT, Fetched): RoundMachine._fetched,
+    (Phase.PROPOSE, Fetched): RoundMachine._fetched,
+    (Phase.AGGREGATE, Aggregated): RoundMachine._aggregated,
+    (Phase.SYNC, Synced): RoundMachine._synced,
+}
+
+
+def proposer_order(round_number: int, candidates: set[Author] | frozenset[Author]) -> list[Author]:
+    """The order in which `candidates` may propose round `round_number`'s set: drawn from the round
+    number, so it changes every round and no peer picks its place."""
+    tag = round_number.to_bytes(8, "big")
+    return sorted(candidates, key=lambda key: hashlib.sha256(b"locomesh proposer" + tag + key).digest())

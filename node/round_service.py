@@ -1,0 +1,252 @@
+"""Training together: join a run by ID, take part in its rounds, leave it.
+
+A node service (see `locomesh.node.service`) beside the run registry, the CRDT and the checkpoint
+service, whose parts it uses. RPC methods:
+
+    run.join(run_id) -> {"run_id", "joins_at"}
+    run.leave(run_id) -> {"run_id", "last_round"}
+    run.status(run_id) -> phase, rounds, members, and the history of finished rounds
+
+Joining finds the run (locally or in the DHT), announces this node as a participant in the DHT,
+connects to the run's other participants, pulls their CRDT state, and writes a `join` op naming
+the first round this node trains in: the next one, or the one after it when a round is already
+under way (a late joiner enters at a round boundary and never enlarges the electorate of a round
+it cannot finish). The participation itself (`run_participation.py`) first syncs the certified
+state, then trains. Runs joined before a restart are taken up again when the node starts.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable
+
+import trio
+
+from locomesh.dht import records
+from locomesh.dht.discovery import DiscoveryError
+from locomesh.protocol import ProtocolError
+from locomesh.protocol.runs import format_run_id, load_manifest, parse_run_id, short_run_id
+
+from .checkpoint_service import CheckpointService
+from .crdt_service import CrdtService
+from .rpc import RpcError
+from .round_machine import Timing
+from .run_participation import Compute, RunParticipation
+from .run_registry_service import RUN_NOT_FOUND, RunRegistryService
+from .runtime import Node
+
+logger = logging.getLogger(__name__)
+
+ParticipantFactory = Callable[[dict, bytes, "str | None"], Any]
+
+NOT_JOINED = -32005
+BAD_RUN = -32006
+CONNECT_TIMEOUT = 10.0
+DEFAULT_ROUND_DEADLINE = 600.0
+
+
+class RoundService:
+    """Serves ``run.join``, ``run.leave`` and ``run.status``; runs one participation per joined run."""
+
+    name = "rounds"
+
+    def __init__(
+        self,
+        registry: RunRegistryService,
+        crdt: CrdtService,
+        checkpoints: CheckpointService,
+        *,
+        attack: str = "",
+        participant_factory: ParticipantFactory | None = None,
+        compute: Compute = trio.to_thread.run_sync,
+        offload: Compute = trio.to_thread.run_sync,
+    ) -> None:
+        """`participant_factory(manifest body, our public key, attack)` and `compute` exist for the
+        simulator, which models training time instead of spending it, as does `offload` (how blocking
+        store work runs); the daemon uses the defaults (`training.participant.Participant.for_run`,
+        worker threads)."""
+        self.registry = registry
+        self.participant_factory = participant_factory
+        self.compute = compute
+        self.offload = offload
+        self.crdt = crdt
+        self.checkpoints = checkpoints
+        self.attack = attack or None
+        self.participations: dict[bytes, tuple[RunParticipation, trio.CancelScope]] = {}
+        self._node: Node | None = None
+        self._nursery: trio.Nursery | None = None
+
+    async def run(self, node: Node, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        self._node = node
+        for name, method in (("run.join", self._rpc_join), ("run.leave", self._rpc_leave), ("run.status", self._rpc_status)):
+            node.rpc.register(name, method)
+        node.add_status_field("training", self._summary)
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            for run in self.registry.store.runs():
+                if run.origin == "joined":
+                    nursery.start_soon(self._resume, run.manifest)
+            task_status.started()
+            await trio.sleep_forever()
+
+    # --- joining and leaving ------------------------------------------------------------------
+
+    async def join(self, manifest: bytes) -> int:
+        """Take part in the run of this signed manifest (idempotent); the round this node trains first."""
+        from locomesh.training.participant import Participant, ParticipantError  # torch: on first join only
+
+        factory = self.participant_factory or Participant.for_run
+
+        assert self._node is not None and self._nursery is not None
+        replica = await self.crdt.open_run(manifest)
+        if replica.run_id in self.participations:
+            return self.participations[replica.run_id][0].machine.state_round + 1
+        try:
+            participant = await self.offload(  # a thread in the daemon; inline (deterministic) in netsim
+                factory, load_manifest(manifest)[1].body, self._node.identity.public_key, self.attack
+            )
+        except ParticipantError as error:
+            raise RpcError(BAD_RUN, f"cannot train this run here: {error}") from None
+        self.registry.store.add(manifest, "joined")
+        await self._meet_participants(replica.run_id)
+        first = self._write_join(replica)
+        participation = RunParticipation(
+            self._node, self.crdt, replica, participant, self.checkpoints.directory, self.checkpoints.scores,
+            timing=_timing(replica.genesis.hparams), compute=self.compute, offload=self.offload,
+        )
+        scope = trio.CancelScope()
+        self.participations[replica.run_id] = (participation, scope)
+        self._nursery.start_soon(self._participate, participation, scope)
+        logger.info("joined run %s; training from round %d", short_run_id(replica.run_id), first)
+        return first
+
+    def _write_join(self, replica: Any) -> int:
+        """Write our join op unless we are a member already; the first round we train."""
+        state = replica.state
+        if self._node.identity.public_key in state.members:
+            return state.round + 1
+        under_way = bool(replica.commits(state.round + 1))
+        first = state.round + (2 if under_way else 1)
+        self.crdt.write(replica.run_id, "join", round=first)
+        return first
+
+    async def leave(self, run_id: bytes) -> int:
+        """Stop training in `run_id` after the round under way; the last round this node counts in."""
+        if run_id not in self.participations:
+            raise RpcError(NOT_JOINED, f"this node has not joined run {short_run_id(run_id)}")
+        participation, scope = self.participations.pop(run_id)
+        machine = participation.machine
+        committed = machine.phase.value in ("collect", "aggregate", "voted")
+        last = machine.state_round + (1 if committed else 0)
+        self.crdt.write(run_id, "leave", round=last)
+        scope.cancel()
+        return last
+
+    async def _participate(self, participation: RunParticipation, scope: trio.CancelScope) -> None:
+        """Run one participation; a failure in it stops that run here, never the node."""
+        with scope:
+            try:
+                await participation.run()
+            except Exception as error:  # noqa: BLE001 - one run's bug must not take the daemon down
+                logger.exception("run %s: training stopped", short_run_id(participation.run_id))
+                participation.failure = f"{type(error).__name__}: {error}"
+
+    async def _resume(self, manifest: bytes) -> None:
+        try:
+            await self.join(manifest)
+        except (RpcError, ProtocolError) as error:
+            logger.warning("could not take up a joined run again: %s", error)
+
+    async def _meet_participants(self, run_id: bytes) -> None:
+        """Announce ourselves as a participant, connect to the others, and pull their CRDT state,
+        so that our join op builds on the run as it is (a stale view could fork our own ops)."""
+        discovery = self.registry.discovery
+        assert discovery is not None and self._node is not None
+        key = records.run_key(run_id)
+        with trio.move_on_after(CONNECT_TIMEOUT):
+            try:
+                found = await discovery.find_providers(key)
+            except DiscoveryError as error:
+                logger.info("no participants found for %s: %s", short_run_id(run_id), error)
+                found = []
+            async with trio.open_nursery() as nursery:
+                for info in found:
+                    if str(info.peer_id) != self._node.peer_id:
+                        nursery.start_soon(self._connect_quietly, info)
+        self._nursery.start_soon(discovery.provide, key)
+        with trio.move_on_after(CONNECT_TIMEOUT):
+            async with trio.open_nursery() as nursery:
+                for peer in self._node.host.get_connected_peers():
+                    nursery.start_soon(self._pull_quietly, str(peer), run_id)
+
+    async def _connect_quietly(self, info: Any) -> None:
+        self._node.host.get_peerstore().add_addrs(info.peer_id, info.addrs, 3600)
+        try:
+            with trio.move_on_after(CONNECT_TIMEOUT):
+                await self._node.host.connect(info)
+        except Exception as error:  # noqa: BLE001 - py-libp2p raises many kinds; a dead participant is normal
+            logger.debug("could not reach participant %s: %s", info.peer_id, error)
+
+    async def _pull_quietly(self, peer: str, run_id: bytes) -> None:
+        try:
+            await self.crdt.pull(peer, run_id)
+        except Exception as error:  # noqa: BLE001 - a peer without the run or a broken stream
+            logger.debug("pull of %s from %s failed: %s", short_run_id(run_id), peer, error)
+
+    # --- RPC ----------------------------------------------------------------------------------
+
+    async def _rpc_join(self, run_id: str) -> dict[str, Any]:
+        raw_id = _parse(run_id)
+        manifest = await self._find_manifest(raw_id)
+        first = await self.join(manifest)
+        return {"run_id": format_run_id(raw_id), "joins_at": first}
+
+    async def _rpc_leave(self, run_id: str) -> dict[str, Any]:
+        raw_id = _parse(run_id)
+        return {"run_id": format_run_id(raw_id), "last_round": await self.leave(raw_id)}
+
+    async def _rpc_status(self, run_id: str) -> dict[str, Any]:
+        raw_id = _parse(run_id)
+        if raw_id not in self.participations:
+            raise RpcError(NOT_JOINED, f"this node has not joined run {short_run_id(raw_id)}")
+        return {**self.participations[raw_id][0].status(), "run_id": format_run_id(raw_id)}
+
+    async def _find_manifest(self, run_id: bytes) -> bytes:
+        known = self.registry.store.get(run_id)
+        if known is not None:
+            return known.manifest
+        assert self.registry.discovery is not None
+        try:
+            found = await self.registry.discovery.find_run(run_id)
+        except DiscoveryError as error:
+            raise RpcError(-32000, f"run lookup failed: {error}") from None
+        if found is None:
+            raise RpcError(RUN_NOT_FOUND, f"no public run {format_run_id(run_id)} found in the DHT")
+        self.registry.store.add(found[0], "seen")
+        return found[0]
+
+    def _summary(self) -> dict[str, Any]:
+        return {
+            short_run_id(run_id): {"phase": p.machine.phase.value, "round": p.machine.state_round}
+            for run_id, (p, _scope) in self.participations.items()
+        }
+
+
+def _timing(hparams: dict[str, Any]) -> Timing:
+    """The round machine's deadlines and quorum floor from the run's hyperparameters."""
+    deadline = hparams.get("round_deadline_s", DEFAULT_ROUND_DEADLINE)
+    min_peers = hparams.get("min_peers", 1)
+    if not isinstance(deadline, (int, float)) or not 1 <= deadline <= 86400:
+        raise RpcError(BAD_RUN, "round_deadline_s must be a number of seconds in [1, 86400]")
+    if not isinstance(min_peers, int) or not 1 <= min_peers <= 10_000:
+        raise RpcError(BAD_RUN, "min_peers must be an integer in [1, 10000]")
+    return Timing(round_deadline=float(deadline), min_peers=min_peers)
+
+
+def _parse(run_id: Any) -> bytes:
+    if not isinstance(run_id, str):
+        raise RpcError.invalid_params("run_id must be a string")
+    try:
+        return parse_run_id(run_id)
+    except ProtocolError as error:
+        raise RpcError.invalid_params(error.reason) from None

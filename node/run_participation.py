@@ -1,0 +1,346 @@
+"""Taking part in one run: the trio layer that carries out the round machine's actions.
+
+`RoundMachine` (round_machine.py) decides; this module does the I/O it asks for, and nothing
+else:
+
+- training and the outer step run in a worker thread (torch and numpy release the GIL), one at a
+  time under `_compute`, so a discarded round's thread finishes before a sync touches the state;
+- payloads are published as content-addressed checkpoints in the node's checkpoint store, so the
+  checkpoint service serves them (over its authenticated data plane) and any peer that fetched a
+  payload can serve it on: the allgather is a multi-source download, verified chunk by chunk
+  against the ID the author committed to in the CRDT;
+- commits, votes and checkpoint attestations are CRDT ops (`CrdtService.write`);
+- a sync downloads the run's canonical checkpoint of the certified round and adopts it only if
+  its state hash is the certified one.
+
+The loop wakes on every completion and at least every `POLL_SECONDS`, hands the machine an
+`Observation` of the replica, and carries out what comes back.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Awaitable, Callable
+
+import numpy as np
+import trio
+
+from locomesh.crdt import Replica
+from locomesh.protocol import peer_id_from_public_key
+from locomesh.protocol.runs import short_run_id
+from locomesh.training.checkpoint_manifest import Manifest, manifest_path, read_manifest
+
+from . import round_machine as rm
+from .checkpoint_download import DownloadError, DownloadProgress, Offload, checkpoint_store, download_checkpoint
+from .runtime import Node
+
+logger = logging.getLogger(__name__)
+
+Compute = Callable[..., Awaitable[Any]]
+
+POLL_SECONDS = 0.2
+FETCH_TIMEOUT = 60.0
+FETCH_RETRY_SECONDS = 0.5
+SYNC_TIMEOUT = 300.0
+KEPT_ROUNDS = 3  # payloads and states of older rounds are deleted
+HISTORY = 100
+
+
+@dataclass
+class RoundRecord:
+    """One finished round, for `run.status` and the swarm's progress lines."""
+
+    round: int
+    state_hash: str
+    synced: bool
+    contributors: int
+    train_loss: float | None
+    eval_loss: float | None
+    floor: float | None
+    payload_bytes: int
+    seconds: float  # from the start of our training to the round's certificate
+    exchange_seconds: float | None  # last counted commit seen -> aggregate computed (fetch + aggregation)
+    aggregate_seconds: float | None  # the outer step alone (decode, validate, aggregate, Nesterov)
+    finished_at: float
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class _Work:
+    """What this peer has for the round being trained."""
+
+    round: int
+    started: float
+    payload_id: bytes = b""
+    payload_size: int = 0
+    train_loss: float | None = None
+    payloads: dict[bytes, bytes] = field(default_factory=dict)  # author -> payload bytes
+    exchange_seconds: float | None = None
+    aggregate_seconds: float | None = None
+    fetches: list[trio.CancelScope] = field(default_factory=list)
+    tasks: list[trio.CancelScope] = field(default_factory=list)  # training, aggregation
+
+    def cancel(self, *, fetches_only: bool = False) -> None:
+        for scope in self.fetches if fetches_only else [*self.fetches, *self.tasks]:
+            scope.cancel()
+
+
+class RunParticipation:
+    """This node's part in one run, from `run()` until it is cancelled (a leave, or shutdown)."""
+
+    def __init__(self, node: Node, crdt: Any, replica: Replica, participant: Any, checkpoint_dir: Path,
+                 scores: Any, *, timing: rm.Timing, compute: Compute = trio.to_thread.run_sync,
+                 offload: Offload = trio.to_thread.run_sync) -> None:
+        self.node = node
+        self.crdt = crdt
+        self.replica = replica
+        self.run_id = replica.run_id
+        self.participant = participant
+        self.compute = compute  # runs a participant method; a simulation models its time instead
+        self.offload = offload  # runs blocking store work (a thread; inline in the simulator)
+        self.directory = checkpoint_dir
+        self.scores = scores
+        self.me = node.identity.public_key
+        self.machine = rm.RoundMachine(self.me, timing=timing)
+        self.history: deque[RoundRecord] = deque(maxlen=HISTORY)
+        self.work: _Work | None = None
+        self.syncs: list[trio.CancelScope] = []
+        self.payloads_sent = 0
+        self.initial_eval: dict[str, Any] = {}
+        self.failure: str | None = None  # set when the participation stopped on an error
+        self._compute = trio.Lock()
+        self._events_in, self._events = trio.open_memory_channel[rm.Event](math.inf)
+        self._nursery: trio.Nursery | None = None
+
+    async def run(self) -> None:
+        if self.participant.evaluation_due():
+            async with self._compute:
+                self.initial_eval = await self.compute(self.participant.evaluate)
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            while True:
+                self._carry_out(self.machine.handle(self._observe()))
+                with trio.move_on_after(POLL_SECONDS):
+                    event = await self._events.receive()
+                    self._carry_out(self.machine.handle(event))
+
+    def _observe(self) -> rm.Observation:
+        state = self.replica.state
+        next_round = state.round + 1
+        return rm.Observation(
+            now=trio.current_time(),
+            certified=state.round,
+            certified_hash=state.rounds[-1][1] if state.rounds else None,
+            electorate=frozenset(self.replica.electorate(next_round)),
+            commits=self.replica.commits(next_round),
+            proposals=self.replica.proposals(next_round),
+        )
+
+    def status(self) -> dict[str, Any]:
+        state = self.replica.state
+        next_round = state.round + 1
+        return {
+            "next_round": {
+                "round": next_round,
+                "electorate": len(self.replica.electorate(next_round)),
+                "commits": len(self.replica.commits(next_round)),
+                "proposals": len(self.replica.proposals(next_round)),
+                "votes": sorted(h.hex()[:12] for h in self.replica.votes(next_round).values()),
+                "contributors": None if self.work is None else len(self.work.payloads),
+            },
+            "run_id": short_run_id(self.run_id),
+            "phase": "failed" if self.failure else self.machine.phase.value,
+            "error": self.failure,
+            "round": self.machine.state_round,
+            "certified": state.round,
+            "members": len(state.members),
+            "peers": len(self.node.host.get_connected_peers()),
+            "state_hash": (self.machine.state_hash or b"").hex(),
+            "params": self.participant.outer.numel,
+            "inner_steps": self.participant.settings.inner_steps,
+            "payloads_sent": self.payloads_sent,
+            "initial_eval_loss": self.initial_eval.get("loss"),
+            "history": [record.to_json() for record in self.history],
+        }
+
+    # --- actions ------------------------------------------------------------------------------
+
+    def _carry_out(self, actions: list[rm.Action]) -> None:
+        for action in actions:
+            match action:
+                case rm.StartTraining(round=r):
+                    self.work = _Work(r, trio.current_time())
+                    self._start(self.work.tasks, self._train, self.work)
+                case rm.PublishCommit(round=r, payload_id=payload_id, size=size):
+                    self.crdt.write(self.run_id, "commit", round=r, hash=payload_id, size=size)
+                case rm.Fetch(author=author, payload_id=payload_id, size=size):
+                    self._start(self.work.fetches, self._fetch, self.work, author, payload_id, size)
+                case rm.PublishProposal(round=r, authors=authors):
+                    self.crdt.write(self.run_id, "propose", round=r, authors=list(authors))
+                case rm.StartAggregate(authors=authors, last_commit=last_commit):
+                    self.work.cancel(fetches_only=True)
+                    self._start(self.work.tasks, self._aggregate, self.work, authors, last_commit)
+                case rm.PublishVote(round=r, state_hash=state_hash):
+                    self.crdt.write(self.run_id, "vote", round=r, hash=state_hash)
+                case rm.StartSync(round=r, state_hash=state_hash):
+                    for scope in self.syncs:
+                        scope.cancel()
+                    self._start(self.syncs, self._sync, r, state_hash)
+                case rm.Discard():
+                    if self.work is not None:
+                        self.work.cancel()
+                case rm.RoundDone():
+                    self._start([], self._record, action, self.work)
+
+    def _start(self, scopes: list[trio.CancelScope], function: Any, *args: Any) -> None:
+        """Run `function(*args)` in the background under a new cancel scope added to `scopes`."""
+        scope = trio.CancelScope()
+        scopes.append(scope)
+
+        async def scoped() -> None:
+            with scope:
+                await function(*args)
+            scopes.remove(scope)
+
+        assert self._nursery is not None
+        self._nursery.start_soon(scoped)
+
+    def _emit(self, event: rm.Event) -> None:
+        self._events_in.send_nowait(event)
+
+    # --- the work -----------------------------------------------------------------------------
+
+    async def _train(self, work: _Work) -> None:
+        async with self._compute:
+            contribution = await self.compute(self.participant.train)
+            manifest = await self.offload(self._store_payload, work.round, contribution.payload)
+        work.payload_id, work.payload_size = manifest.id, len(contribution.payload)
+        work.train_loss = contribution.train_loss
+        work.payloads[self.me] = contribution.payload
+        self.payloads_sent += 1
+        self._emit(rm.Trained(work.round, manifest.id, len(contribution.payload), contribution.seconds, trio.current_time()))
+
+    def _store_payload(self, round_number: int, payload: bytes) -> Any:
+        store = checkpoint_store()
+        tensors = {"payload": np.frombuffer(payload, dtype=np.uint8)}
+        return store.write_checkpoint(self.directory, tensors, {"round": round_number, "run": self.run_id, "kind": "payload"})
+
+    async def _fetch(self, work: _Work, author: bytes, payload_id: bytes, size: int) -> None:
+        """Fetch one payload, trying again while FETCH_TIMEOUT lasts: a provider that is busy, or a
+        payload that only its author has so far, is a reason to wait, not to leave it out (a peer
+        that leaves out what the others include votes for another hash)."""
+        payload, started = None, trio.current_time()
+        with trio.move_on_after(min(FETCH_TIMEOUT, self.machine.timing.round_deadline / 4)):
+            while payload is None:
+                payload = await self._download_payload(work.round, author, payload_id, size)
+                if payload is None:
+                    await trio.sleep(FETCH_RETRY_SECONDS)
+        if payload is not None:
+            work.payloads[author] = payload
+        logger.debug("round %d: payload of %s %s after %.2f s", work.round, peer_id_from_public_key(author),
+                     "fetched" if payload is not None else "not fetched", trio.current_time() - started)
+        self._emit(rm.Fetched(work.round, author, payload is not None, trio.current_time()))
+
+    async def _download_payload(self, round_number: int, author: bytes, payload_id: bytes, size: int) -> bytes | None:
+        providers = [peer_id_from_public_key(author), *self._other_members(exclude=author)]
+        try:
+            await download_checkpoint(self.node, self.directory, payload_id, providers, scores=self.scores,
+                                      progress=DownloadProgress(payload_id), offload=self.offload)
+            tensors, metadata = await self.offload(checkpoint_store().load_checkpoint, self.directory, payload_id)
+        except (DownloadError, OSError, ValueError) as error:
+            logger.info("round %d: payload of %s not fetched: %s", round_number, peer_id_from_public_key(author), error)
+            return None
+        payload = tensors.get("payload")
+        if metadata.get("round") != round_number or metadata.get("run") != self.run_id or payload is None:
+            logger.warning("round %d: the payload %s committed by %s is not a payload of this round",
+                           round_number, payload_id.hex()[:12], peer_id_from_public_key(author))
+            return None
+        data = payload.numpy().tobytes()
+        return data if len(data) == size else None
+
+    async def _aggregate(self, work: _Work, authors: tuple[bytes, ...], last_commit: float) -> None:
+        payloads = {author: work.payloads[author] for author in authors if author in work.payloads}
+        state_hash = None
+        async with self._compute:
+            try:
+                started = trio.current_time()
+                await self.compute(self.participant.aggregate, payloads)
+                work.aggregate_seconds = trio.current_time() - started
+                work.exchange_seconds = trio.current_time() - last_commit
+                manifest = await self.compute(self.participant.save, self.directory, self.run_id)
+                state_hash = manifest.state_hash
+            except ValueError as error:  # EmptyRoundError, AggregatorError: nothing valid to apply
+                logger.warning("round %d: no aggregate: %s", work.round, error)
+        if state_hash is not None:
+            self.crdt.write(self.run_id, "checkpoint", round=work.round, id=manifest.id, size=manifest.raw_size)
+        self._emit(rm.Aggregated(work.round, state_hash, trio.current_time()))
+
+    async def _sync(self, round_number: int, state_hash: bytes) -> None:
+        adopted = None
+        with trio.move_on_after(SYNC_TIMEOUT):
+            adopted = await self._download_state(round_number, state_hash)
+        self._emit(rm.Synced(round_number, adopted, trio.current_time()))
+
+    async def _download_state(self, round_number: int, state_hash: bytes) -> bytes | None:
+        checkpoint = next((c for c in self.replica.state.checkpoints if c.round == round_number), None)
+        if checkpoint is None:
+            return None  # nobody attested it yet; the machine asks again
+        try:
+            await download_checkpoint(self.node, self.directory, checkpoint.id, self._other_members(),
+                                      scores=self.scores, progress=DownloadProgress(checkpoint.id), offload=self.offload)
+            manifest = await self.offload(_read_installed_manifest, self.directory, checkpoint.id)
+        except (DownloadError, OSError, ValueError) as error:
+            logger.info("round %d: state download failed: %s", round_number, error)
+            return None
+        if manifest.state_hash != state_hash:
+            logger.warning("round %d: the canonical checkpoint is not the certified state", round_number)
+            return None
+        async with self._compute:
+            try:
+                await self.compute(self.participant.load, self.directory, checkpoint.id, self.run_id)
+            except ValueError as error:
+                logger.warning("round %d: the certified state does not fit this run: %s", round_number, error)
+                return None
+        logger.info("run %s: synced to round %d", short_run_id(self.run_id), round_number)
+        return state_hash
+
+    async def _record(self, done: rm.RoundDone, work: _Work | None) -> None:
+        now = trio.current_time()
+        evaluation: dict[str, Any] = {"loss": None, "floor": None}
+        if self.participant.evaluation_due():
+            async with self._compute:
+                evaluation = await self.compute(self.participant.evaluate)
+        mine = work if work is not None and work.round == done.round and not done.synced else None
+        self.history.append(RoundRecord(
+            round=done.round, state_hash=done.state_hash.hex(), synced=done.synced, contributors=done.contributors,
+            train_loss=None if mine is None else mine.train_loss,
+            eval_loss=evaluation["loss"], floor=evaluation["floor"],
+            payload_bytes=0 if mine is None else mine.payload_size,
+            seconds=0.0 if mine is None else now - mine.started,
+            exchange_seconds=None if mine is None else mine.exchange_seconds,
+            aggregate_seconds=None if mine is None else mine.aggregate_seconds, finished_at=time.time(),
+        ))
+        await self.offload(self._forget_old_rounds, done.round)
+
+    def _forget_old_rounds(self, round_number: int) -> None:
+        """Delete this run's payloads and states from before the last KEPT_ROUNDS rounds (a peer that
+        syncs wants the newest certified state; older ones only fill the disk)."""
+        oldest = round_number - KEPT_ROUNDS
+        checkpoint_store().remove_checkpoints(
+            self.directory, lambda meta: meta.get("run") == self.run_id and meta.get("round", oldest) < oldest
+        )
+
+    def _other_members(self, exclude: bytes | None = None) -> list[str]:
+        return [peer_id_from_public_key(member) for member in self.replica.state.members
+                if member not in (self.me, exclude)]
+
+
+def _read_installed_manifest(directory: Path, checkpoint_id: bytes) -> Manifest:
+    return read_manifest(manifest_path(directory, checkpoint_id).read_bytes(), expected_id=checkpoint_id)

@@ -1,0 +1,132 @@
+"""netsim `train`: the daemon's round protocol on simulated nodes whose training costs virtual time."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+
+import pytest
+
+from locomesh.netsim import report as reports
+from locomesh.netsim.scenarios import SCENARIOS, train
+from locomesh.netsim.sim_participant import JUNK_MARK, SimCost, SimParticipant
+from locomesh.training.participant import ParticipantError
+
+# 2 s of compute per round and a 1 s join window keep 8 nodes x 3 rounds at seconds of wall time.
+SMALL = {"rounds": 3, "inner_steps": 4, "step_seconds": 0.5, "join_window": 1.0, "payload_bytes": 8 * 1024}
+BODY = {"hparams": {"inner_steps": 4}, "seed": 7}
+COST = SimCost(step_seconds=0.5, payload_bytes=1024, state_bytes=256)
+RUN = bytes(32)
+
+
+def _quiet_run() -> dict:
+    # As `locomesh sim` runs it, without py-libp2p's log records (pytest's capture keeps them).
+    logging.disable(logging.WARNING)
+    try:
+        return train.run(nodes=8, seed=3, **SMALL)
+    finally:
+        logging.disable(logging.NOTSET)
+
+
+@pytest.fixture(scope="module")
+def small_report() -> dict:
+    return _quiet_run()
+
+
+def test_every_node_ends_with_the_same_state(small_report):
+    hashes = small_report["hashes"]
+    assert len(hashes) == 8 and len(set(hashes.values())) == 1
+    assert small_report["summary"]["nodes that reached the last round"] == 8
+    rounds = small_report["tables"][0]["rows"]
+    assert [row[0] for row in rounds] == [1, 2, 3]
+    assert all(row[-1] == 8 and row[4] >= 5 for row in rounds)  # every node done; contributors above half
+
+
+def test_compute_share_is_training_over_elapsed(small_report):
+    for row in small_report["tables"][1]["rows"]:
+        name, kind, end, done, synced, compute_seconds, share = row
+        assert end == "up" and done == 3
+        assert compute_seconds >= 3 * 2.0  # three rounds of 4 x 0.5 s, at least
+        assert 0 < share < 1
+
+
+def test_scenario_is_registered():
+    assert SCENARIOS["train"] is train.run
+
+
+def test_bad_options_are_refused():
+    with pytest.raises(ValueError):
+        train.run(nodes=6, churn=2)
+    with pytest.raises(TypeError):
+        train.run(nodes=6, no_such_option=1)
+
+
+# --- SimParticipant -------------------------------------------------------------------------------
+
+
+def _payloads(round_number: int, keys: list[bytes]) -> dict[bytes, bytes]:
+    payloads = {}
+    for key in keys:
+        peer = SimParticipant(BODY, key, COST)
+        peer.round = round_number
+        payloads[key] = peer.train().payload
+    return payloads
+
+
+def test_training_costs_modelled_time_and_is_repeatable():
+    peer = SimParticipant(BODY, b"a" * 32, COST)
+    contribution = peer.train()
+    assert peer.take_pending_seconds() == contribution.seconds == 4 * 0.5
+    assert peer.take_pending_seconds() == 0.0
+    assert len(contribution.payload) == 1024 and peer.is_valid(contribution.payload)
+    assert contribution.payload == SimParticipant(BODY, b"a" * 32, COST).train().payload
+    assert contribution.payload != SimParticipant(BODY, b"b" * 32, COST).train().payload
+
+
+def test_same_set_same_state_and_junk_changes_nothing():
+    keys = [bytes([i]) * 32 for i in range(4)]
+    payloads = _payloads(0, keys)
+    forward, backward = SimParticipant(BODY, keys[0], COST), SimParticipant(BODY, keys[1], COST)
+    forward.aggregate(payloads)
+    backward.aggregate(dict(reversed(payloads.items())))
+    assert forward.state == backward.state and forward.round == backward.round == 1
+
+    byzantine = SimParticipant(BODY, b"z" * 32, COST, byzantine=True)
+    junk = byzantine.train().payload
+    assert junk[0] == JUNK_MARK and not byzantine.is_valid(junk)
+    with_junk = SimParticipant(BODY, keys[2], COST)
+    with_junk.aggregate({**payloads, b"z" * 32: junk, b"y" * 32: b"short"})
+    assert with_junk.state == forward.state
+
+    fewer = SimParticipant(BODY, keys[3], COST)
+    fewer.aggregate(dict(list(payloads.items())[:3]))
+    assert fewer.state != forward.state
+    with pytest.raises(ValueError):
+        SimParticipant(BODY, keys[3], COST).aggregate({b"z" * 32: junk})
+
+
+def test_save_and_load_carry_the_state(tmp_path):
+    keys = [bytes([i]) * 32 for i in range(3)]
+    ahead = SimParticipant(BODY, keys[0], COST)
+    ahead.aggregate(_payloads(0, keys))
+    manifest = ahead.save(tmp_path, RUN)
+    assert manifest.state_hash == ahead.save(tmp_path, RUN).state_hash
+
+    behind = SimParticipant(BODY, keys[1], COST)
+    assert behind.load(tmp_path, manifest.id, RUN).state_hash == manifest.state_hash
+    assert behind.state == ahead.state and behind.round == 1
+    with pytest.raises(ParticipantError):
+        behind.load(tmp_path, manifest.id, b"\x01" * 32)
+    other = SimParticipant(BODY, keys[1], SimCost(state_bytes=128))
+    with pytest.raises(ParticipantError):
+        other.load(tmp_path, manifest.id, RUN)
+    assert hashlib.sha256(behind.state).digest() == hashlib.sha256(ahead.state).digest()
+
+
+@pytest.mark.slow
+def test_byzantine_slow_and_churned_nodes_do_not_split_the_honest_ones():
+    result = train.run(nodes=10, seed=5, byzantine=2, slow=2, churn=2, churn_round=2, **SMALL)
+    kinds = {row[0]: row[1] for row in result["tables"][1]["rows"]}
+    honest = {name: h for name, h in result["hashes"].items() if kinds[name] != "byzantine"}
+    assert len(honest) == 8 and len(set(honest.values())) == 1  # 10 - 2 crashed, the 2 joiners included
+    assert result["summary"]["nodes that reached the last round"] >= 8

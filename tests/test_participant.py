@@ -1,0 +1,76 @@
+"""One peer's share of a run (training/participant.py): same payloads, same state, on every peer."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from locomesh.training.checkpoint import manifest_path, remove_checkpoints
+from locomesh.training.participant import Participant, ParticipantError, RoundSettings
+
+RUN = b"\x07" * 32
+BODY = {"task": "synthetic-lm", "task_config": {"d_model": 32, "n_layer": 1, "n_head": 2}, "seed": 3,
+        "hparams": {"inner_steps": 2, "batch_size": 4}}
+KEYS = [bytes([index + 1]) * 32 for index in range(3)]
+
+
+def peers():
+    return [Participant.for_run(BODY, key) for key in KEYS]
+
+
+def one_round(participants):
+    payloads = {key: participant.train().payload for key, participant in zip(KEYS, participants)}
+    return [participant.aggregate(payloads).params_hash for participant in participants]
+
+
+def test_peers_that_aggregate_the_same_payloads_hold_the_same_state(tmp_path):
+    participants = peers()
+    assert len(set(one_round(participants))) == 1
+    manifests = [participant.save(tmp_path / str(index), RUN) for index, participant in enumerate(participants)]
+    assert len({manifest.state_hash for manifest in manifests}) == 1
+    assert all(participant.round == 1 for participant in participants)
+
+
+def test_a_peer_that_loads_the_certified_state_computes_the_next_round_like_the_others(tmp_path):
+    participants = peers()
+    one_round(participants)
+    manifest = participants[0].save(tmp_path, RUN)
+    newcomer = Participant.for_run(BODY, b"\x09" * 32)
+    assert newcomer.load(tmp_path, manifest.id, RUN).state_hash == manifest.state_hash
+    assert newcomer.round == 1
+    payloads = {key: participant.train().payload for key, participant in zip(KEYS, participants)}
+    assert participants[1].aggregate(payloads).params_hash == newcomer.aggregate(payloads).params_hash
+
+
+def test_a_checkpoint_of_another_run_is_refused(tmp_path):
+    participant = peers()[0]
+    manifest = participant.save(tmp_path, RUN)
+    with pytest.raises(ParticipantError, match="another run"):
+        Participant.for_run(BODY, KEYS[1]).load(tmp_path, manifest.id, b"\x08" * 32)
+
+
+def test_a_test_adversary_commits_its_attack_not_its_update():
+    honest, attacker = Participant.for_run(BODY, KEYS[0]), Participant.for_run(BODY, KEYS[0], attack="sign_flip_x100")
+    assert honest.train().payload != attacker.train().payload
+
+
+@pytest.mark.parametrize(
+    "hparams, message",
+    [({"inner_steps": 0}, "inner_steps"), ({"batch_size": "16"}, "batch_size"), ({"aggregator": "vote"}, "unknown aggregator"),
+     ({"outer_momentum": 1.5}, "momentum")],
+)
+def test_bad_run_hyperparameters_are_refused(hparams, message):
+    with pytest.raises(ParticipantError, match=message):
+        RoundSettings.from_hparams(hparams)
+
+
+def test_old_rounds_are_removed_with_their_chunks_and_the_rest_kept(tmp_path):
+    participant = peers()[0]
+    old = participant.save(tmp_path, RUN)
+    participant.round = 5
+    kept = participant.save(tmp_path, RUN)
+    assert remove_checkpoints(tmp_path, lambda meta: meta["round"] < 3) == 1
+    assert not manifest_path(tmp_path, old.id).exists() and manifest_path(tmp_path, kept.id).exists()
+    chunks = {path.name for path in (tmp_path / "chunks").iterdir()}
+    assert chunks == {ref.hash.hex() for ref in kept.chunks}
+    assert np.isfinite(participant.evaluate()["loss"])

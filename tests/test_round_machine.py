@@ -1,0 +1,212 @@
+"""The round machine (node/round_machine.py) driven event by event: the paths through a round."""
+
+from __future__ import annotations
+
+from locomesh.node import round_machine as rm
+
+A, B, C = b"a" * 32, b"b" * 32, b"c" * 32
+H1, H2 = b"\x01" * 32, b"\x02" * 32
+
+
+def _key_placed(position):
+    """A key that comes at `position` in round 1's proposer order among itself, A and B."""
+    for byte in range(256):
+        key = bytes([byte]) * 32
+        if key not in (A, B) and rm.proposer_order(1, {key, A, B}).index(key) == position:
+            return key
+    raise AssertionError("no such key")
+
+
+ME = _key_placed(0)  # the first proposer of round 1 (most tests: proposing is then immediate)
+
+
+def seen(now, certified=0, certified_hash=None, electorate=(ME, A, B), commits=None, proposals=None):
+    return rm.Observation(now, certified, certified_hash, frozenset(electorate), dict(commits or {}), dict(proposals or {}))
+
+
+def kinds(actions):
+    return [type(action).__name__ for action in actions]
+
+
+def trained_machine(now=10.0, seconds=4.0, **timing):
+    machine = rm.RoundMachine(ME, timing=rm.Timing(**timing))
+    assert machine.handle(seen(0.0)) == [rm.StartTraining(1)]
+    assert machine.phase is rm.Phase.TRAIN
+    return machine, machine.handle(rm.Trained(1, b"p" * 32, 100, seconds, now))
+
+
+def test_a_round_where_everyone_delivers():
+    machine, actions = trained_machine()
+    assert actions == [rm.PublishCommit(1, b"p" * 32, 100)]
+    commits = {A: (b"pa" * 16, 10), B: (b"pb" * 16, 11), ME: (b"p" * 32, 100)}
+    actions = machine.handle(seen(10.1, commits=commits))
+    assert actions == [rm.Fetch(1, A, b"pa" * 16, 10), rm.Fetch(1, B, b"pb" * 16, 11)]
+    assert machine.handle(rm.Fetched(1, A, True, 10.2)) == []
+    everyone = tuple(sorted((ME, A, B)))
+    assert machine.handle(rm.Fetched(1, B, True, 10.3)) == [rm.PublishProposal(1, everyone), rm.StartAggregate(1, everyone, 10.1)]
+    assert machine.handle(rm.Aggregated(1, H1, 10.4)) == [rm.PublishVote(1, H1)]
+    actions = machine.handle(seen(10.5, certified=1, certified_hash=H1, electorate=(ME, A, B)))
+    assert actions[0] == rm.RoundDone(1, H1, 3, synced=False)
+    assert actions[1] == rm.StartTraining(2)
+    assert machine.state_round == 1 and machine.state_hash == H1
+
+
+def test_a_vanished_peer_costs_one_window_and_no_more():
+    machine, _ = trained_machine(now=10.0, seconds=4.0)
+    machine.handle(seen(10.1, commits={A: (b"pa" * 16, 10)}))
+    assert machine.handle(rm.Fetched(1, A, True, 10.2)) == []  # B never commits
+    cutoff = machine.deadline()
+    assert cutoff == 10.0 + rm.MIN_COLLECT_SECONDS
+    assert machine.handle(seen(cutoff - 0.01, commits={A: (b"pa" * 16, 10)})) == []
+    cut = tuple(sorted((ME, A)))
+    assert machine.handle(seen(cutoff, commits={A: (b"pa" * 16, 10)})) == [rm.PublishProposal(1, cut), rm.StartAggregate(1, cut, 10.1)]
+
+
+def test_a_commit_after_the_cutoff_is_left_out_even_when_fetched():
+    machine, _ = trained_machine(now=10.0)
+    machine.handle(seen(10.5, commits={A: (b"pa" * 16, 10)}))
+    machine.handle(rm.Fetched(1, A, True, 10.6))
+    late = {A: (b"pa" * 16, 10), B: (b"pb" * 16, 10)}
+    actions = machine.handle(seen(12.5, commits=late))  # B shows up after the cutoff at 12.0
+    cut = tuple(sorted((ME, A)))
+    assert actions == [rm.Fetch(1, B, b"pb" * 16, 10), rm.PublishProposal(1, cut), rm.StartAggregate(1, cut, 10.5)]
+
+
+def test_our_own_late_commit_is_left_out_like_anyone_else_s():
+    machine = rm.RoundMachine(ME)
+    machine.handle(seen(0.0))
+    both = {A: (b"pa" * 16, 10), B: (b"pb" * 16, 10)}
+    assert kinds(machine.handle(seen(1.0, commits=both))) == ["Fetch", "Fetch"]  # fetched while we train
+    machine.handle(rm.Fetched(1, A, True, 1.5))
+    machine.handle(rm.Fetched(1, B, True, 1.6))
+    actions = machine.handle(rm.Trained(1, b"p" * 32, 100, 4.0, 5.0))  # cutoff was 3.0
+    cut = tuple(sorted((A, B)))
+    assert actions == [rm.PublishCommit(1, b"p" * 32, 100), rm.PublishProposal(1, cut), rm.StartAggregate(1, cut, 1.0)]
+
+
+def test_the_window_grows_with_the_commit_spread_it_measured():
+    machine, _ = trained_machine(now=10.0, seconds=0.0)
+    machine.handle(seen(11.0, commits={B: (b"pb" * 16, 10)}))
+    machine.handle(seen(11.5, commits={A: (b"pa" * 16, 10), B: (b"pb" * 16, 10)}))  # spread 1.5 s
+    machine.handle(rm.Fetched(1, A, True, 11.6))
+    machine.handle(rm.Fetched(1, B, True, 11.7))
+    machine.handle(rm.Aggregated(1, H1, 11.8))
+    machine.handle(seen(11.9, certified=1, certified_hash=H1))
+    machine.handle(rm.Trained(2, b"q" * 32, 100, 0.0, 20.0))
+    assert machine.deadline() == 20.0 + 2 * 1.5
+
+
+def test_a_round_certified_with_another_hash_makes_the_peer_sync():
+    machine, _ = trained_machine()
+    machine.handle(seen(10.1, commits={A: (b"pa" * 16, 10), B: (b"pb" * 16, 10)}))
+    machine.handle(rm.Fetched(1, A, True, 10.2))
+    machine.handle(rm.Fetched(1, B, True, 10.3))
+    machine.handle(rm.Aggregated(1, H1, 10.4))
+    assert machine.handle(seen(10.5, certified=1, certified_hash=H2)) == [rm.Discard(1), rm.StartSync(1, H2)]
+    assert machine.phase is rm.Phase.SYNC
+    actions = machine.handle(rm.Synced(1, H2, 11.0))
+    assert actions[0] == rm.RoundDone(1, H2, 0, synced=True)
+    assert machine.state_hash == H2
+
+
+def test_a_failed_sync_is_tried_again_after_a_pause():
+    machine = rm.RoundMachine(ME)
+    assert machine.handle(seen(0.0, certified=3, certified_hash=H1)) == [rm.StartSync(3, H1)]
+    assert machine.handle(rm.Synced(3, None, 1.0)) == []
+    assert machine.handle(seen(1.5, certified=3, certified_hash=H1)) == []
+    assert machine.handle(seen(1.0 + rm.RETRY_SECONDS, certified=3, certified_hash=H1)) == [rm.StartSync(3, H1)]
+
+
+def test_a_late_joiner_syncs_then_waits_for_the_round_its_join_names():
+    machine = rm.RoundMachine(ME)
+    assert machine.handle(seen(0.0, certified=2, certified_hash=H1, electorate=(A, B))) == [rm.StartSync(2, H1)]
+    actions = machine.handle(rm.Synced(2, H1, 1.0))
+    assert actions == [rm.RoundDone(2, H1, 0, synced=True)]  # not eligible for round 3: no training
+    assert machine.handle(seen(2.0, certified=2, certified_hash=H1, electorate=(A, B))) == []
+    actions = machine.handle(seen(5.0, certified=3, certified_hash=H2, electorate=(A, B, ME)))
+    assert actions == [rm.StartSync(3, H2)]
+
+
+def test_work_for_a_round_the_run_moved_past_is_discarded():
+    machine = rm.RoundMachine(ME)
+    machine.handle(seen(0.0))
+    assert machine.handle(seen(1.0, certified=1, certified_hash=H1)) == [rm.Discard(1), rm.StartSync(1, H1)]
+    assert machine.handle(rm.Trained(1, b"p" * 32, 100, 1.0, 2.0)) == []  # the stale completion is ignored
+
+
+def test_completions_in_the_wrong_phase_are_ignored():
+    machine, _ = trained_machine()
+    assert machine.handle(rm.Aggregated(1, H1, 11.0)) == []
+    assert machine.handle(rm.Synced(1, H1, 11.0)) == []
+    assert machine.phase is rm.Phase.COLLECT
+
+
+def test_a_peer_outside_the_electorate_does_not_train():
+    machine = rm.RoundMachine(ME)
+    assert machine.handle(seen(0.0, electorate=(A, B))) == []
+    assert machine.phase is rm.Phase.IDLE
+
+
+def test_the_collect_wait_never_runs_past_the_round_deadline():
+    machine, _ = trained_machine(now=10.0, seconds=400.0, round_deadline=12.0, min_collect=30.0)
+    # a 30 s window would end at 40 s; the round started at 0.0 and must end by 12.0
+    assert machine.deadline() <= 12.0
+
+
+def test_no_round_starts_before_the_run_has_its_minimum_of_peers():
+    machine = rm.RoundMachine(ME, timing=rm.Timing(min_peers=3))
+    assert machine.handle(seen(0.0, electorate=(ME, A))) == []
+    assert machine.handle(seen(1.0, electorate=(ME, A, B))) == [rm.StartTraining(1)]
+
+
+def test_a_peer_that_is_not_the_proposer_follows_the_proposal_and_fetches_what_it_lacks():
+    me = _key_placed(2)
+    first = rm.proposer_order(1, {me, A, B})[0]
+    machine = rm.RoundMachine(me)
+    machine.handle(seen(0.0, electorate=(me, A, B)))
+    machine.handle(rm.Trained(1, b"p" * 32, 100, 1.0, 1.0))
+    commits = {A: (b"pa" * 16, 10)}
+    machine.handle(seen(1.1, electorate=(me, A, B), commits=commits))
+    assert machine.handle(rm.Fetched(1, A, True, 1.2)) == []
+    assert machine.handle(seen(3.0, electorate=(me, A, B), commits=commits)) == []  # cut; waiting for the proposer
+    assert machine.phase is rm.Phase.PROPOSE
+    commits[B] = (b"pb" * 16, 11)  # B committed after our cutoff, but the proposer counted it
+    proposal = tuple(sorted((me, A, B)))
+    actions = machine.handle(seen(3.2, electorate=(me, A, B), commits=commits, proposals={first: proposal}))
+    assert actions == [rm.Fetch(1, B, b"pb" * 16, 11)]
+    assert machine.handle(rm.Fetched(1, B, True, 3.4)) == [rm.StartAggregate(1, proposal, 1.1)]
+
+
+def test_a_silent_proposer_hands_over_to_the_next_after_a_window():
+    me = _key_placed(1)
+    machine = rm.RoundMachine(me)
+    electorate = (me, A, B)
+    machine.handle(seen(0.0, electorate=electorate))
+    commits = {A: (b"pa" * 16, 10), B: (b"pb" * 16, 10)}
+    machine.handle(seen(0.5, electorate=electorate, commits=commits))
+    machine.handle(rm.Fetched(1, A, True, 0.6))
+    machine.handle(rm.Fetched(1, B, True, 0.7))
+    assert machine.handle(rm.Trained(1, b"p" * 32, 100, 1.0, 1.0)) == [rm.PublishCommit(1, b"p" * 32, 100)]
+    assert machine.handle(seen(1.2, electorate=electorate, commits=commits)) == []  # everyone in: cut; first proposer's turn
+    closed = machine.current.closed_at
+    assert machine.handle(seen(closed + rm.MIN_COLLECT_SECONDS - 0.1, electorate=electorate, commits=commits)) == []
+    everyone = tuple(sorted(electorate))
+    actions = machine.handle(seen(closed + rm.MIN_COLLECT_SECONDS, electorate=electorate, commits=commits))
+    assert actions == [rm.PublishProposal(1, everyone), rm.StartAggregate(1, everyone, 1.0)]
+
+
+def test_a_proposal_naming_half_of_the_electorate_or_less_is_refused():
+    me = _key_placed(2)
+    first = rm.proposer_order(1, {me, A, B})[0]
+    machine = rm.RoundMachine(me)
+    electorate = (me, A, B, C)
+    machine.handle(seen(0.0, electorate=electorate))
+    machine.handle(rm.Trained(1, b"p" * 32, 100, 1.0, 1.0))
+    commits = {A: (b"pa" * 16, 10), B: (b"pb" * 16, 10)}
+    machine.handle(seen(1.1, electorate=electorate, commits=commits))
+    machine.handle(rm.Fetched(1, A, True, 1.2))
+    machine.handle(rm.Fetched(1, B, True, 1.3))
+    machine.handle(seen(3.0, electorate=electorate, commits=commits))
+    small = tuple(sorted((first, me) if first != me else (first, A)))
+    assert machine.handle(seen(3.1, electorate=electorate, commits=commits, proposals={first: small})) == []
+    assert machine.current.chosen is None

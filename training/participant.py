@@ -1,0 +1,202 @@
+"""One peer's share of a DiLoCo run: its inner worker, its codec, and the shared outer state.
+
+The round protocol (`locomesh.node.round_machine`) decides *when*; this module does the work, with
+no I/O besides checkpoint files:
+
+- `train()`: H inner AdamW steps from θ_r on this peer's shard, the pseudo-gradient encoded
+  (int8/4-bit, error feedback, zstd) into the payload it commits to;
+- `aggregate(payloads)`: decode, validate, robust-aggregate and take the outer Nesterov step
+  (`OuterStep`, bit-exact on every CPU), giving θ_{r+1};
+- `save(directory, run)` / `load(...)`: the shared state as a checkpoint. The shared state is θ,
+  the outer momentum buffer and the previous aggregate (CenteredClip centres on it): everything
+  the next outer step reads, so two peers with the same checkpoint compute the same next round.
+  Its `state_hash` (SHA-256 of the raw tensors, independent of the zstd build) is what peers
+  vote on and a round certificate names.
+
+The inner AdamW state and the codec's error-feedback residual stay private to the peer; they
+change what it contributes, never what the outer step computes from the contributions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import numpy as np
+
+from .attacks import AttackView, get_attack
+from .checkpoint import Manifest, load_checkpoint, manifest_path, read_manifest, write_checkpoint
+from .codec import Encoder, non_finite_payload
+from .flat import flatten, unflatten_into
+from .inner import InnerConfig, Worker
+from .outer import OuterConfig, OuterResult, OuterStep
+from .tasks import Task, get_task
+
+STATE_TENSORS = ("theta", "momentum", "previous")
+
+
+class ParticipantError(ValueError):
+    """A run's settings or a shared state this peer cannot use."""
+
+
+@dataclass(frozen=True)
+class RoundSettings:
+    """The training hyperparameters of a run, read from its genesis manifest (`hparams`)."""
+
+    inner_steps: int = 50
+    inner_lr: float = 3e-3
+    batch_size: int = 16
+    outer_lr: float = 0.7
+    outer_momentum: float = 0.9
+    nesterov: bool = True
+    codec: str = "int8"
+    aggregator: str = "centered_clip"
+    max_update_norm: float | None = None
+    eval_every: int = 1  # evaluate the shared state every this many rounds (0: never)
+
+    @classmethod
+    def from_hparams(cls, hparams: Mapping[str, Any]) -> RoundSettings:
+        """The settings named in `hparams` (unknown keys are other layers' business); `ParticipantError` if bad."""
+        fields = {key: hparams[key] for key in cls.__dataclass_fields__ if key in hparams}
+        try:
+            settings = cls(**fields)
+            settings.outer_config()
+        except (TypeError, ValueError) as error:
+            raise ParticipantError(f"bad run hyperparameters: {error}") from None
+        if not (isinstance(settings.inner_steps, int) and 1 <= settings.inner_steps <= 100_000):
+            raise ParticipantError("inner_steps must be an integer in [1, 100000]")
+        if not (isinstance(settings.batch_size, int) and 1 <= settings.batch_size <= 4096):
+            raise ParticipantError("batch_size must be an integer in [1, 4096]")
+        if not (isinstance(settings.eval_every, int) and settings.eval_every >= 0):
+            raise ParticipantError("eval_every must be an integer >= 0")
+        return settings
+
+    def outer_config(self) -> OuterConfig:
+        return OuterConfig(
+            lr=self.outer_lr,
+            momentum=self.outer_momentum,
+            nesterov=self.nesterov,
+            aggregator=self.aggregator,
+            max_update_norm=self.max_update_norm,
+            codec=self.codec,
+        )
+
+
+@dataclass(frozen=True)
+class Contribution:
+    """What `train` produced: the payload to commit to, and how the inner steps went."""
+
+    payload: bytes
+    steps: int
+    train_loss: float
+    seconds: float
+
+
+def peer_index(key: bytes) -> int:
+    """The data shard of the peer with public key `key`: stable, and spread over 2**31 shards."""
+    return int.from_bytes(hashlib.sha256(b"locomesh shard" + key).digest()[:4], "big") >> 1
+
+
+class Participant:
+    """θ_r and the outer optimizer of one run, plus this peer's inner worker. Not thread-safe:
+    the round protocol calls one method at a time."""
+
+    def __init__(
+        self,
+        task: Task,
+        settings: RoundSettings,
+        *,
+        model_seed: int,
+        run_seed: int,
+        key: bytes,
+        attack: str | None = None,
+    ) -> None:
+        self.task = task
+        self.settings = settings
+        self.worker = Worker(
+            task, model_seed, run_seed, peer_index(key),
+            InnerConfig(lr=settings.inner_lr, batch_size=settings.batch_size),
+        )
+        self.encoder = Encoder(settings.codec, error_feedback=settings.codec != "fp32")
+        self.outer = OuterStep(flatten(self.worker.model), settings.outer_config())
+        self.round = 0  # θ is the state after this many certified rounds
+        self.attack = None if attack is None else get_attack(attack)
+
+    @classmethod
+    def for_run(cls, genesis_body: Mapping[str, Any], key: bytes, attack: str | None = None) -> Participant:
+        """A participant for the run whose manifest body is `genesis_body`, at round 0."""
+        try:
+            task = get_task(genesis_body["task"], genesis_body["task_config"])
+        except ValueError as error:
+            raise ParticipantError(str(error)) from None
+        settings = RoundSettings.from_hparams(genesis_body["hparams"])
+        seed = genesis_body["seed"]
+        return cls(task, settings, model_seed=seed, run_seed=seed, key=key, attack=attack)
+
+    # --- one round ------------------------------------------------------------------------------
+
+    def train(self) -> Contribution:
+        """H inner steps from θ_r; the encoded pseudo-gradient (or, for a test adversary, its attack)."""
+        result = self.worker.run_round(self.outer.theta, self.settings.inner_steps)
+        if self.attack is None:
+            payload = self.encoder.encode(result.delta)
+        else:
+            payload = self._attack_payload(result.delta)
+        return Contribution(payload, result.steps, result.mean_loss, result.seconds)
+
+    def aggregate(self, payloads: Mapping[bytes, bytes]) -> OuterResult:
+        """The outer step over this round's payloads by author key: θ_{r+1}. Raises like `OuterStep.step`."""
+        result = self.outer.step(payloads, bucket_seed=self.round.to_bytes(8, "big"))
+        self.round += 1
+        return result
+
+    def evaluation_due(self) -> bool:
+        """Is the state of this round one the run evaluates (`eval_every`)?"""
+        every = self.settings.eval_every
+        return every > 0 and self.round % every == 0
+
+    def evaluate(self) -> dict[str, float | None]:
+        """Eval loss of θ_r on the task's held-out data, with the task's floor (None if unknown)."""
+        unflatten_into(self.worker.model, self.outer.theta)
+        return self.task.evaluate(self.worker.model)
+
+    # --- the shared state as a checkpoint -------------------------------------------------------
+
+    def state_tensors(self) -> dict[str, np.ndarray]:
+        tensors = {"theta": self.outer.theta, "momentum": self.outer.momentum}
+        if self.outer.previous is not None:
+            tensors["previous"] = self.outer.previous
+        return tensors
+
+    def save(self, directory: str | os.PathLike, run: bytes) -> Manifest:
+        """Write θ_r, momentum and previous aggregate as the checkpoint of round `self.round`."""
+        return write_checkpoint(directory, self.state_tensors(), {"round": self.round, "run": run})
+
+    def load(self, directory: str | os.PathLike, checkpoint_id: bytes, run: bytes) -> Manifest:
+        """Adopt the shared state of a verified checkpoint of run `run`; `ParticipantError` if it does not fit."""
+        tensors, metadata = load_checkpoint(directory, checkpoint_id)
+        if metadata["run"] != run:
+            raise ParticipantError("the checkpoint belongs to another run")
+        names = set(tensors)
+        if not {"theta", "momentum"} <= names <= set(STATE_TENSORS):
+            raise ParticipantError(f"a run state holds {STATE_TENSORS}, this checkpoint holds {sorted(names)}")
+        arrays = {name: tensor.numpy() for name, tensor in tensors.items()}
+        if any(array.dtype != np.float32 or array.size != self.outer.numel for array in arrays.values()):
+            raise ParticipantError(f"the checkpoint's tensors are not {self.outer.numel} float32 values each")
+        self.outer = OuterStep(
+            arrays["theta"], self.settings.outer_config(),
+            momentum_buffer=arrays["momentum"], previous_aggregate=arrays.get("previous"),
+        )
+        self.round = metadata["round"]
+        return read_manifest(manifest_path(directory, checkpoint_id).read_bytes())
+
+    def _attack_payload(self, delta: np.ndarray) -> bytes:
+        view = AttackView(
+            round_index=self.round, honest_deltas=[delta], past_honest_payloads=[], workers=1, byzantine=1,
+            rng=np.random.default_rng(self.round),
+            encode_non_finite=lambda value, numel: non_finite_payload(self.settings.codec, value, numel),
+        )
+        attacked = self.attack(view)
+        return attacked if isinstance(attacked, bytes) else Encoder(self.settings.codec, error_feedback=False).encode(attacked)
