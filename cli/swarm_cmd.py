@@ -60,8 +60,8 @@ def run_swarm(args: argparse.Namespace) -> int:
             print(f"run {run_id} created on node 0 (public, task {DEFAULT_TASK}); every node joins it by ID", flush=True)
             join_all(daemons, run_id)
             statuses = train(daemons, run_id, args.rounds, timeout=args.rounds * args.deadline, report=print_round)
-            print_summary(statuses, time.monotonic() - started)
-            same = len({status["state_hash"] for status in statuses}) == 1
+            print_summary(statuses, args.rounds, time.monotonic() - started)
+            same = len(hashes_at(statuses, common_round(statuses, args.rounds))) == 1
             codes = stop_swarm(daemons)
         except (DaemonError, DaemonNotRunning, RpcCallError, OSError) as error:
             for daemon in daemons:
@@ -141,14 +141,15 @@ def join(daemon: DaemonProcess, run_id: str, attempts: int = 3) -> dict:
 
 
 def train(daemons: list[DaemonProcess], run_id: str, rounds: int, *, timeout: float, report: Any = None) -> list[dict]:
-    """Wait until every daemon holds the state of round `rounds`; their final `run.status`.
+    """Wait until every daemon is done with round `rounds` (trained or synced past it); their `run.status`.
 
-    `report(round, statuses)` is called once per newly certified round."""
+    `report(round, statuses)` is called once per round, when every daemon is done with it."""
     deadline = time.monotonic() + timeout
     reported = 0
     while True:
         statuses = [daemon.rpc().call("run.status", {"run_id": run_id}) for daemon in daemons]
-        while reported < rounds and all(_record(status, reported + 1) for status in statuses):
+        done = min(max((record["round"] for record in status["history"]), default=0) for status in statuses)
+        while reported < min(done, rounds):
             reported += 1
             if report is not None:
                 report(reported, statuses)
@@ -173,6 +174,19 @@ def _record(status: dict, round_number: int) -> dict | None:
     return next((record for record in status["history"] if record["round"] == round_number), None)
 
 
+def common_round(statuses: list[dict], rounds: int) -> int:
+    """The newest round up to `rounds` that every node has a record of (a node that fell behind
+    syncs to the newest certified round and has no record of the rounds it skipped)."""
+    common = set.intersection(*({record["round"] for record in status["history"]} for status in statuses))
+    return max((number for number in common if number <= rounds), default=0)
+
+
+def hashes_at(statuses: list[dict], round_number: int) -> set[str]:
+    """The state hashes the nodes hold for round `round_number` (the swarm keeps training past it,
+    so their current states may already differ by a round)."""
+    return {record["state_hash"] for status in statuses if (record := _record(status, round_number))}
+
+
 def print_round(round_number: int, statuses: list[dict]) -> None:
     records = [record for status in statuses if (record := _record(status, round_number)) is not None]
     if not records:
@@ -189,14 +203,15 @@ def print_round(round_number: int, statuses: list[dict]) -> None:
     )
 
 
-def print_summary(statuses: list[dict], seconds: float) -> None:
-    history = statuses[0]["history"]
+def print_summary(statuses: list[dict], rounds: int, seconds: float) -> None:
+    """Rounds 1..`rounds` (the daemons may be a round further by now)."""
+    history = [record for record in statuses[0]["history"] if record["round"] <= rounds]
     first, last = history[0], history[-1]
     peers = len(statuses)
-    sent = max(sum(record["payload_bytes"] for record in status["history"]) for status in statuses)
+    sent = max(sum(r["payload_bytes"] for r in status["history"] if r["round"] <= rounds) for status in statuses)
     upload = sent * (peers - 1)  # in the allgather every other peer fetches each payload once
     ddp = statuses[0]["params"] * 4 * statuses[0]["inner_steps"] * len(history)
-    hashes = {status["state_hash"] for status in statuses}
+    hashes = hashes_at(statuses, common_round(statuses, rounds))
     print()
     print(f"summary: {len(history)} rounds by {peers} daemons in {seconds:.1f} s")
     print(f"  eval loss      {first['eval_loss']:.4f} after round {first['round']} -> {last['eval_loss']:.4f} after round {last['round']}"
