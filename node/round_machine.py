@@ -424,16 +424,6 @@ class RoundMachine:
         self.phase, self.current, self.voted_hash = Phase.IDLE, None, None
         self.awaiting_retry = False
 
-    def deadline(self) -> float | None:
-        """The next time at which an observation may change something (for the service's sleep)."""
-        if self.phase is Phase.COLLECT:
-            return self.cutoff()
-        if self.phase is Phase.PROPOSE and self.current.chosen is None:
-            return self.current.closed_at + self.window()
-        if self.phase is Phase.SYNC and self.awaiting_retry:
-            return self.retry_at
-        return None
-
 
 Handler = Callable[[RoundMachine, Event], list[Action]]
 

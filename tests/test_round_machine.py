@@ -55,7 +55,7 @@ def test_a_vanished_peer_costs_one_window_and_no_more():
     machine, _ = trained_machine(now=10.0, seconds=4.0)
     machine.handle(seen(10.1, commits={A: (b"pa" * 16, 10)}))
     assert machine.handle(rm.Fetched(1, A, True, 10.2)) == []  # B never commits
-    cutoff = machine.deadline()
+    cutoff = machine.cutoff()
     assert cutoff == 10.0 + rm.MIN_COLLECT_SECONDS
     assert machine.handle(seen(cutoff - 0.01, commits={A: (b"pa" * 16, 10)})) == []
     cut = tuple(sorted((ME, A)))
@@ -93,7 +93,7 @@ def test_the_window_grows_with_the_commit_spread_it_measured():
     machine.handle(rm.Aggregated(1, H1, 11.8))
     machine.handle(seen(11.9, certified=1, certified_hash=H1))
     machine.handle(rm.Trained(2, b"q" * 32, 100, 0.0, 20.0))
-    assert machine.deadline() == 20.0 + 2 * 1.5
+    assert machine.cutoff() == 20.0 + 2 * 1.5
 
 
 def test_a_round_certified_with_another_hash_makes_the_peer_sync():
@@ -150,7 +150,7 @@ def test_a_peer_outside_the_electorate_does_not_train():
 def test_the_collect_wait_never_runs_past_the_round_deadline():
     machine, _ = trained_machine(now=10.0, seconds=400.0, round_deadline=12.0, min_collect=30.0)
     # a 30 s window would end at 40 s; the round started at 0.0 and must end by 12.0
-    assert machine.deadline() <= 12.0
+    assert machine.cutoff() <= 12.0
 
 
 def test_no_round_starts_before_the_run_has_its_minimum_of_peers():
