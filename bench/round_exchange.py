@@ -8,6 +8,7 @@ reports per round (`run.status` history):
 - exchange_s: from the last counted commit seen to the new parameters computed: fetching the
   payloads still missing (multi-source checkpoint download over the data plane, every chunk
   verified) plus the outer step (decode, validate, CenteredClip, Nesterov), in exact arithmetic;
+- fetch_s: from the last counted commit seen to the last payload in hand;
 - aggregate_s: the outer step alone.
 
 Rows give the median over daemons and rounds (round 1 is left out: it includes start-up). For
@@ -60,6 +61,7 @@ def measure(nodes: int, rounds: int, inner_steps: int, model: dict) -> dict:
         "rounds_measured": len({r["round"] for r in records}),
         "exchange_s_median": round(statistics.median(r["exchange_seconds"] for r in records), 3),
         "exchange_s_max": round(max(r["exchange_seconds"] for r in records), 3),
+        "fetch_s_median": round(statistics.median(r["fetch_seconds"] for r in records), 3),
         "aggregate_s_median": round(statistics.median(r["aggregate_seconds"] for r in records), 3),
         "round_s_median": round(statistics.median(r["seconds"] for r in records), 3),
         "payload_MB": round(payload / 1e6, 3),

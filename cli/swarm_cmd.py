@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 from concurrent.futures import ThreadPoolExecutor
 import subprocess
 import sys
@@ -161,10 +162,21 @@ def train(daemons: list[DaemonProcess], run_id: str, rounds: int, *, timeout: fl
 
 
 def stop_swarm(daemons: list[DaemonProcess]) -> list[int]:
-    """Ask each daemon to shut down over RPC and return their exit statuses (0 is clean)."""
+    """Ask each daemon to shut down over RPC and return their exit statuses (0 is clean). One whose
+    RPC does not answer gets SIGTERM (the same clean shutdown); one that still hangs, SIGKILL."""
     for daemon in daemons:
-        daemon.rpc().call("node.shutdown")
-    return [daemon.wait() for daemon in daemons]
+        try:
+            daemon.rpc().call("node.shutdown")
+        except (DaemonNotRunning, RpcCallError):
+            daemon.signal(signal.SIGTERM)
+    return [_wait_or_kill(daemon) for daemon in daemons]
+
+
+def _wait_or_kill(daemon: DaemonProcess) -> int:
+    try:
+        return daemon.wait()
+    except DaemonError:
+        return daemon.stop()
 
 
 # --- progress and summary ------------------------------------------------------------------------

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from locomesh.protocol import Identity, ProtocolError
 from locomesh.protocol.kinds import MAX_PARENTS
@@ -78,6 +78,8 @@ class Replica:
         self._newest: dict[bytes, tuple[int, OpId]] = {}  # author -> its newest applied (seq, id)
         self._state: RunState | None = None
         self._seals = SealCache()
+        # Called (no arguments) after every op applied: how a reader waits for news without polling.
+        self.listeners: list[Callable[[], None]] = []
 
     @classmethod
     def from_facts(cls, genesis: Genesis, facts: Facts, heads: list[OpId], **limits: int) -> Replica:
@@ -247,6 +249,8 @@ class Replica:
         if op.seq > self._newest.get(op.author, (0, b""))[0]:
             self._newest[op.author] = (op.seq, op.id)
         self._state = None
+        for listener in self.listeners:
+            listener()
 
     def _depth_checking_seq(self, op: Op) -> int:
         """The op's depth in the DAG (1 + its deepest dependency); `ProtocolError` if its seq is wrong."""

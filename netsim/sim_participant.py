@@ -29,8 +29,10 @@ from typing import Any, Callable
 import numpy as np
 import trio
 
-from locomesh.training.checkpoint import Manifest, load_checkpoint, manifest_path, read_manifest, write_checkpoint
-from locomesh.training.participant import Contribution, ParticipantError
+from locomesh.training.checkpoint import (
+    Manifest, load_checkpoint, manifest_path, read_manifest, state_digest, write_checkpoint,
+)
+from locomesh.training.participant import Contribution, ParticipantError, StateSnapshot
 
 PAYLOAD_MARK = 0x4C  # "L": the first byte of an honest payload
 JUNK_MARK = 0x00
@@ -109,9 +111,17 @@ class SimParticipant:
 
     # --- the shared state as a checkpoint -------------------------------------------------------
 
+    def _tensors(self) -> dict[str, np.ndarray]:
+        return {"state": np.frombuffer(self.state, dtype=np.uint8)}
+
+    def state_hash(self) -> bytes:
+        return state_digest(self._tensors())
+
+    def snapshot(self) -> StateSnapshot:
+        return StateSnapshot(self._tensors(), self.round)  # the state is immutable bytes
+
     def save(self, directory: str | os.PathLike, run: bytes) -> Manifest:
-        tensors = {"state": np.frombuffer(self.state, dtype=np.uint8)}
-        return write_checkpoint(directory, tensors, {"round": self.round, "run": run})
+        return self.snapshot().save(directory, run)
 
     def load(self, directory: str | os.PathLike, checkpoint_id: bytes, run: bytes) -> Manifest:
         """Adopt a verified checkpoint's state; `ParticipantError` if it is not a state of this run."""

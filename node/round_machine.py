@@ -18,8 +18,12 @@ of the newest certified round c takes part in round c + 1:
 4. cut-off times still differ a little, so one peer's set decides: the round's *proposer*, the
    first of the electorate in an order drawn from the round number, publishes the set it cut
    (a `propose` op); everyone aggregates exactly that set (fetching what it lacks), so honest
-   peers compute the same state. A proposer that stays silent for a window hands over to the
-   next one; a set naming fewer than half of the round's electorate is refused;
+   peers compute the same state. A proposer that stays silent hands over to the next one: after
+   one window if it did not commit this round (it is probably gone), after PATIENCE windows if it
+   did (it is alive, and will propose once it has the payloads: handing over early would split
+   the honest peers between two proposals). Until it starts aggregating, a peer switches to the
+   proposal of an earlier proposer when one appears. A set naming fewer than half of the round's
+   electorate is refused;
 5. it aggregates (decode, validate, robust aggregation, outer step: bit-exact on every CPU),
    writes the new state as a checkpoint and votes for its hash;
 6. when the round is certified it moves on if its hash is the certified one, and otherwise
@@ -185,6 +189,7 @@ Action = Union[StartTraining, PublishCommit, Fetch, PublishProposal, StartAggreg
 
 MIN_COLLECT_SECONDS = 2.0
 RETRY_SECONDS = 1.0
+PATIENCE = 5  # windows a proposer that committed this round gets before the next one takes over
 SPREAD_HISTORY = 3
 
 
@@ -356,27 +361,30 @@ class RoundMachine:
         return self._propose_or_follow(now)
 
     def _propose_observe(self, seen: Observation) -> list[Action]:
-        if self.current.chosen is not None:
-            return []
         return self._propose_or_follow(seen.now)
 
     def _propose_or_follow(self, now: float) -> list[Action]:
-        """Follow the first acceptable proposal in proposer order whose turn has come; publish
-        ours when our turn comes with none before it."""
+        """Follow the first acceptable proposal in proposer order whose turn has come (switching
+        to it if we followed a later one), or publish ours when our turn comes with none before it."""
         work, seen = self.current, self.last
-        window = self.window()
+        turn_start = work.closed_at
         # The order is over the electorate, which every peer sees alike (who has committed is not:
         # peers that ordered different candidates would wait for different proposers).
-        for index, proposer in enumerate(proposer_order(work.number, seen.electorate | {self.me})):
+        for proposer in proposer_order(work.number, seen.electorate | {self.me}):
             proposal = seen.proposals.get(proposer)
             if proposal is not None and self._acceptable(proposal, seen):
-                return self._follow(proposal)
-            if proposal is None and proposer == self.me and now >= work.closed_at + index * window:
+                return [] if proposal == work.chosen else self._follow(proposal)
+            if proposal is None and proposer == self.me and work.chosen is None and now >= turn_start:
                 own = work.own_set
                 return [PublishProposal(work.number, own), *self._follow(own)] if own else []
-            if now < work.closed_at + (index + 1) * window:
+            turn_start += self._turn(proposer, seen)
+            if now < turn_start:
                 return []  # still this proposer's turn
         return []
+
+    def _turn(self, proposer: Author, seen: Observation) -> float:
+        """How long `proposer` may take to propose before the next one's turn."""
+        return self.window() * (PATIENCE if proposer in seen.commits else 1)
 
     def _acceptable(self, proposal: tuple[Author, ...], seen: Observation) -> bool:
         """Every author named committed, and they are more than half of the electorate (a rule

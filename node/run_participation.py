@@ -36,6 +36,7 @@ from locomesh.protocol.runs import short_run_id
 from locomesh.training.checkpoint_manifest import Manifest, manifest_path, read_manifest
 
 from . import round_machine as rm
+from .background import run_in_background
 from .checkpoint_download import DownloadError, DownloadProgress, Offload, checkpoint_store, download_checkpoint
 from .runtime import Node
 
@@ -43,7 +44,7 @@ logger = logging.getLogger(__name__)
 
 Compute = Callable[..., Awaitable[Any]]
 
-POLL_SECONDS = 0.2
+POLL_SECONDS = 0.2  # the machine sees the time at least this often (and at once after news)
 FETCH_TIMEOUT = 60.0
 FETCH_RETRY_SECONDS = 0.5
 SYNC_TIMEOUT = 300.0
@@ -65,6 +66,7 @@ class RoundRecord:
     payload_bytes: int
     seconds: float  # from the start of our training to the round's certificate
     exchange_seconds: float | None  # last counted commit seen -> aggregate computed (fetch + aggregation)
+    fetch_seconds: float | None  # last counted commit seen -> the last payload aggregated in hand
     aggregate_seconds: float | None  # the outer step alone (decode, validate, aggregate, Nesterov)
     finished_at: float
 
@@ -82,7 +84,9 @@ class _Work:
     payload_size: int = 0
     train_loss: float | None = None
     payloads: dict[bytes, bytes] = field(default_factory=dict)  # author -> payload bytes
+    arrived: dict[bytes, float] = field(default_factory=dict)  # author -> when its payload was in hand
     exchange_seconds: float | None = None
+    fetch_seconds: float | None = None
     aggregate_seconds: float | None = None
     fetches: list[trio.CancelScope] = field(default_factory=list)
     tasks: list[trio.CancelScope] = field(default_factory=list)  # training, aggregation
@@ -97,7 +101,7 @@ class RunParticipation:
 
     def __init__(self, node: Node, crdt: Any, replica: Replica, participant: Any, checkpoint_dir: Path,
                  scores: Any, *, timing: rm.Timing, compute: Compute = trio.to_thread.run_sync,
-                 offload: Offload = trio.to_thread.run_sync) -> None:
+                 offload: Offload = trio.to_thread.run_sync, background: Offload | None = None) -> None:
         self.node = node
         self.crdt = crdt
         self.replica = replica
@@ -105,6 +109,9 @@ class RunParticipation:
         self.participant = participant
         self.compute = compute  # runs a participant method; a simulation models its time instead
         self.offload = offload  # runs blocking store work (a thread; inline in the simulator)
+        # Work nobody waits for (storing a round's state): a low-priority thread in the daemon; a
+        # simulator that runs store work inline runs this inline too.
+        self.background = background or (run_in_background if offload is trio.to_thread.run_sync else offload)
         self.directory = checkpoint_dir
         self.scores = scores
         self.me = node.identity.public_key
@@ -117,19 +124,40 @@ class RunParticipation:
         self.failure: str | None = None  # set when the participation stopped on an error
         self._compute = trio.Lock()
         self._events_in, self._events = trio.open_memory_channel[rm.Event](math.inf)
+        self._news: trio.CancelScope | None = None
         self._nursery: trio.Nursery | None = None
 
     async def run(self) -> None:
         if self.participant.evaluation_due():
             async with self._compute:
                 self.initial_eval = await self.compute(self.participant.evaluate)
+        self.replica.listeners.append(self._on_news)
+        try:
+            await self._loop()
+        finally:
+            self.replica.listeners.remove(self._on_news)
+
+    async def _loop(self) -> None:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             while True:
                 self._carry_out(self.machine.handle(self._observe()))
-                with trio.move_on_after(POLL_SECONDS):
-                    event = await self._events.receive()
+                event = await self._next_event()
+                if event is not None:
                     self._carry_out(self.machine.handle(event))
+
+    async def _next_event(self) -> rm.Event | None:
+        """The next completion, or None once POLL_SECONDS passed or the replica applied an op (a
+        commit, a proposal or a vote arrived: the machine should look now, not at the next poll)."""
+        with trio.move_on_after(POLL_SECONDS) as waiting:
+            self._news = waiting
+            return await self._events.receive()
+        return None
+
+    def _on_news(self) -> None:
+        """A replica listener: end the current wait (`_next_event`) early."""
+        if self._news is not None:
+            self._news.deadline = -math.inf
 
     def _observe(self) -> rm.Observation:
         state = self.replica.state
@@ -183,8 +211,11 @@ class RunParticipation:
                 case rm.Fetch(author=author, payload_id=payload_id, size=size):
                     self._start(self.work.fetches, self._fetch, self.work, author, payload_id, size)
                 case rm.PublishProposal(round=r, authors=authors):
+                    logger.info("round %d: proposing the set of %d payloads", r, len(authors))
                     self.crdt.write(self.run_id, "propose", round=r, authors=list(authors))
-                case rm.StartAggregate(authors=authors, last_commit=last_commit):
+                case rm.StartAggregate(round=r, authors=authors, last_commit=last_commit):
+                    logger.info("round %d: aggregating %d payloads, %.2f s after the last commit", r, len(authors),
+                                trio.current_time() - last_commit)
                     self.work.cancel(fetches_only=True)
                     self._start(self.work.tasks, self._aggregate, self.work, authors, last_commit)
                 case rm.PublishVote(round=r, state_hash=state_hash):
@@ -244,6 +275,7 @@ class RunParticipation:
                     await trio.sleep(FETCH_RETRY_SECONDS)
         if payload is not None:
             work.payloads[author] = payload
+            work.arrived[author] = trio.current_time()
         logger.debug("round %d: payload of %s %s after %.2f s", work.round, peer_id_from_public_key(author),
                      "fetched" if payload is not None else "not fetched", trio.current_time() - started)
         self._emit(rm.Fetched(work.round, author, payload is not None, trio.current_time()))
@@ -266,21 +298,39 @@ class RunParticipation:
         return data if len(data) == size else None
 
     async def _aggregate(self, work: _Work, authors: tuple[bytes, ...], last_commit: float) -> None:
+        """The outer step and the vote; then, off the critical path, the state checkpoint. The
+        vote names the new state's hash, computed in memory; compressing and storing the state
+        runs on the low-priority background thread while the next round trains (a snapshot of
+        the state: the outer step never writes into arrays it handed out)."""
         payloads = {author: work.payloads[author] for author in authors if author in work.payloads}
-        state_hash = None
+        arrivals = [work.arrived[author] for author in authors if author in work.arrived]
+        work.fetch_seconds = max(0.0, max(arrivals, default=last_commit) - last_commit)
+        state_hash = snapshot = None
         async with self._compute:
             try:
                 started = trio.current_time()
                 await self.compute(self.participant.aggregate, payloads)
                 work.aggregate_seconds = trio.current_time() - started
                 work.exchange_seconds = trio.current_time() - last_commit
-                manifest = await self.compute(self.participant.save, self.directory, self.run_id)
-                state_hash = manifest.state_hash
+                state_hash = await self.compute(self.participant.state_hash)
+                snapshot = self.participant.snapshot()
             except ValueError as error:  # EmptyRoundError, AggregatorError: nothing valid to apply
                 logger.warning("round %d: no aggregate: %s", work.round, error)
-        if state_hash is not None:
-            self.crdt.write(self.run_id, "checkpoint", round=work.round, id=manifest.id, size=manifest.raw_size)
         self._emit(rm.Aggregated(work.round, state_hash, trio.current_time()))
+        if snapshot is not None:
+            await self._store_state(work.round, snapshot, state_hash)
+
+    async def _store_state(self, round_number: int, snapshot: Any, state_hash: bytes) -> None:
+        """Write the state we voted for as a checkpoint, then attest it (peers that sync fetch it)."""
+        try:
+            manifest = await self.background(snapshot.save, self.directory, self.run_id)
+        except (OSError, ValueError) as error:  # a full disk, say: we keep training, others offer the state
+            logger.error("round %d: the state was not stored: %s", round_number, error)
+            return
+        if manifest.state_hash != state_hash:  # a bug, never a peer's doing: do not offer it
+            logger.error("round %d: the stored state is not the state voted for", round_number)
+            return
+        self.crdt.write(self.run_id, "checkpoint", round=round_number, id=manifest.id, size=manifest.raw_size)
 
     async def _sync(self, round_number: int, state_hash: bytes) -> None:
         adopted = None
@@ -325,6 +375,7 @@ class RunParticipation:
             payload_bytes=0 if mine is None else mine.payload_size,
             seconds=0.0 if mine is None else now - mine.started,
             exchange_seconds=None if mine is None else mine.exchange_seconds,
+            fetch_seconds=None if mine is None else mine.fetch_seconds,
             aggregate_seconds=None if mine is None else mine.aggregate_seconds, finished_at=time.time(),
         ))
         await self.offload(self._forget_old_rounds, done.round)

@@ -85,6 +85,15 @@ def test_round_trip_is_bit_exact_for_every_dtype(written):
     assert load_checkpoint(directory, manifest.id.hex())[1] == META
 
 
+def test_state_digest_is_the_state_hash_a_write_gives(written):
+    directory, state, manifest = written
+    assert ck.state_digest(state) == manifest.state_hash
+    one = {"theta": np.arange(10, dtype=np.float32)}
+    other = {"theta": np.arange(10, dtype=np.float32) + np.float32(1)}
+    assert ck.state_digest(one) != ck.state_digest(other)
+    assert ck.state_digest(one) != ck.state_digest({"momentum": one["theta"]})  # names are part of the state
+
+
 def test_zero_dim_and_empty_state_round_trip(tmp_path):
     scalar = {"s": torch.tensor(-3, dtype=torch.int8)}
     manifest = write_checkpoint(tmp_path, scalar, {"round": 0, "run": b""})

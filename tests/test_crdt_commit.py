@@ -186,3 +186,17 @@ def test_two_different_proposals_for_one_round_are_an_equivocation():
     assert replica.proposals(2) == {}
     a, b = (decode_op(data, replica.run_id) for data in (first, second))
     assert evidence_fields(a, b)["reason"] == "double-propose"
+
+
+def test_listeners_hear_of_every_applied_op_and_not_of_duplicates():
+    writer = joined_replica(MEMBERS)
+    reader = joined_replica(MEMBERS)
+    heard = []
+    reader.listeners.append(lambda: heard.append(len(reader)))
+    ops = [commit(writer, member, 1) for member in (A, B)]
+    before = len(reader)
+    for data in ops:
+        reader.add(data)
+    assert heard == [before + 1, before + 2]  # after each op is applied: the reader sees it already
+    reader.add(ops[0])
+    assert len(heard) == 2  # a duplicate changes nothing, so nobody is told

@@ -177,22 +177,105 @@ def test_a_peer_that_is_not_the_proposer_follows_the_proposal_and_fetches_what_i
     assert machine.handle(rm.Fetched(1, B, True, 3.4)) == [rm.StartAggregate(1, proposal, 1.1)]
 
 
-def test_a_silent_proposer_hands_over_to_the_next_after_a_window():
+def _second_in_line_after_everyone_committed(commits):
+    """A machine second in proposer order that has cut the round with `commits` from A and B in."""
     me = _key_placed(1)
     machine = rm.RoundMachine(me)
     electorate = (me, A, B)
     machine.handle(seen(0.0, electorate=electorate))
-    commits = {A: (b"pa" * 16, 10), B: (b"pb" * 16, 10)}
     machine.handle(seen(0.5, electorate=electorate, commits=commits))
-    machine.handle(rm.Fetched(1, A, True, 0.6))
-    machine.handle(rm.Fetched(1, B, True, 0.7))
+    for author in commits:
+        machine.handle(rm.Fetched(1, author, True, 0.6))
     assert machine.handle(rm.Trained(1, b"p" * 32, 100, 1.0, 1.0)) == [rm.PublishCommit(1, b"p" * 32, 100)]
+    return machine, electorate
+
+
+def test_a_silent_proposer_that_committed_gets_patience_windows_then_hands_over():
+    commits = {A: (b"pa" * 16, 10), B: (b"pb" * 16, 10)}
+    machine, electorate = _second_in_line_after_everyone_committed(commits)
     assert machine.handle(seen(1.2, electorate=electorate, commits=commits)) == []  # everyone in: cut; first proposer's turn
+    closed, patience = machine.current.closed_at, rm.PATIENCE * rm.MIN_COLLECT_SECONDS
+    # One window is not enough: the first proposer is alive (it committed), only slow.
+    assert machine.handle(seen(closed + rm.MIN_COLLECT_SECONDS, electorate=electorate, commits=commits)) == []
+    assert machine.handle(seen(closed + patience - 0.1, electorate=electorate, commits=commits)) == []
+    everyone = tuple(sorted(electorate))
+    actions = machine.handle(seen(closed + patience, electorate=electorate, commits=commits))
+    assert actions == [rm.PublishProposal(1, everyone), rm.StartAggregate(1, everyone, 1.0)]
+
+
+def test_a_silent_proposer_that_did_not_commit_hands_over_after_one_window():
+    first = rm.proposer_order(1, {_key_placed(1), A, B})[0]
+    other = B if first == A else A
+    commits = {other: (b"po" * 16, 10)}
+    machine, electorate = _second_in_line_after_everyone_committed(commits)
+    assert machine.handle(seen(1.2, electorate=electorate, commits=commits)) == []
+    closed = machine.cutoff()  # the silent first proposer never committed: cut at the cutoff
+    assert machine.handle(seen(closed, electorate=electorate, commits=commits)) == []
     closed = machine.current.closed_at
     assert machine.handle(seen(closed + rm.MIN_COLLECT_SECONDS - 0.1, electorate=electorate, commits=commits)) == []
-    everyone = tuple(sorted(electorate))
+    mine = tuple(sorted((machine.me, other)))
     actions = machine.handle(seen(closed + rm.MIN_COLLECT_SECONDS, electorate=electorate, commits=commits))
-    assert actions == [rm.PublishProposal(1, everyone), rm.StartAggregate(1, everyone, 1.0)]
+    assert actions == [rm.PublishProposal(1, mine), rm.StartAggregate(1, mine, 1.0)]
+
+
+def test_a_late_proposal_of_an_earlier_proposer_wins_until_aggregation_starts():
+    commits = {A: (b"pa" * 16, 10), B: (b"pb" * 16, 10)}
+    machine, electorate = _second_in_line_after_everyone_committed(commits)
+    first = rm.proposer_order(1, set(electorate))[0]
+    third = rm.proposer_order(1, set(electorate))[2]
+    everyone = tuple(sorted(electorate))
+    machine.handle(seen(1.2, electorate=electorate, commits=commits))
+    # The third proposer's set is acceptable but not its turn yet: nothing happens.
+    later = {third: everyone}
+    assert machine.handle(seen(1.3, electorate=electorate, commits=commits, proposals=later)) == []
+    # The first proposer's set arrives: it is followed (every payload is in: aggregate it).
+    both = {**later, first: everyone}
+    assert machine.handle(seen(1.4, electorate=electorate, commits=commits, proposals=both)) == [
+        rm.StartAggregate(1, everyone, 1.0)
+    ]
+    assert machine.phase is rm.Phase.AGGREGATE
+
+
+def test_a_peer_still_fetching_switches_to_an_earlier_proposers_set():
+    me = _key_placed(2)  # third in line: the first two proposers' sets decide
+    first, second, _ = rm.proposer_order(1, {me, A, B})
+    electorate = (me, A, B)
+    machine = rm.RoundMachine(me)
+    machine.handle(seen(0.0, electorate=electorate))
+    early = {first: (b"p1" * 16, 10)}
+    machine.handle(seen(0.5, electorate=electorate, commits=early))
+    machine.handle(rm.Fetched(1, first, True, 0.6))
+    machine.handle(rm.Trained(1, b"p" * 32, 100, 1.0, 1.0))
+    machine.handle(seen(machine.cutoff(), electorate=electorate, commits=early))  # cut without `second`
+    assert machine.phase is rm.Phase.PROPOSE
+    # `second` committed after our cutoff; the first proposer stays silent past its (long) turn,
+    # so we follow `second`'s set, which names its own payload: we fetch it.
+    commits = {**early, second: (b"p2" * 16, 10)}
+    everyone = tuple(sorted(electorate))
+    after_first_turn = machine.current.closed_at + rm.PATIENCE * machine.window()
+    actions = machine.handle(seen(after_first_turn, electorate=electorate, commits=commits, proposals={second: everyone}))
+    assert actions == [rm.Fetch(1, second, b"p2" * 16, 10)]
+    # The first proposer's set (without `second`) arrives while we fetch: it wins.
+    ours = tuple(sorted((me, first)))
+    proposals = {second: everyone, first: ours}
+    actions = machine.handle(seen(after_first_turn + 0.1, electorate=electorate, commits=commits, proposals=proposals))
+    assert actions == [rm.StartAggregate(1, ours, 1.0)]
+
+
+def test_an_earlier_proposal_seen_once_aggregation_started_changes_nothing():
+    commits = {A: (b"pa" * 16, 10), B: (b"pb" * 16, 10)}
+    machine, electorate = _second_in_line_after_everyone_committed(commits)
+    order = rm.proposer_order(1, set(electorate))
+    first = order[0]
+    machine.handle(seen(1.2, electorate=electorate, commits=commits))
+    closed, patience = machine.current.closed_at, rm.PATIENCE * rm.MIN_COLLECT_SECONDS
+    # Our turn came and went: we proposed and are aggregating our own set.
+    actions = machine.handle(seen(closed + patience, electorate=electorate, commits=commits))
+    assert kinds(actions) == ["PublishProposal", "StartAggregate"]
+    # Too late for the first proposer's set: aggregation is under way, the machine stays put.
+    late = {first: tuple(sorted(electorate))}
+    assert machine.handle(seen(closed + patience + 0.1, electorate=electorate, commits=commits, proposals=late)) == []
+    assert machine.phase is rm.Phase.AGGREGATE
 
 
 def test_a_proposal_naming_half_of_the_electorate_or_less_is_refused():

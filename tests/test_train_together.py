@@ -12,7 +12,7 @@ import signal
 import time
 
 from locomesh.cli.daemon_process import DaemonProcess
-from locomesh.cli.swarm_cmd import create_run, join, join_all, start_swarm, wait_connected
+from locomesh.cli.swarm_cmd import common_round, create_run, hashes_at, join, join_all, start_swarm, wait_connected
 
 ROUND_DEADLINE = 60.0
 ATTACKER, VICTIM = 3, 2
@@ -37,9 +37,12 @@ def rounds_done(status):
     return {record["round"] for record in status["history"]}
 
 
-def caught_up(statuses):
+def trained_after_catching_up(statuses):
+    """The late joiner trained a round of its own, and every peer has finished one round past
+    round 4 that all of them recorded (how far the run got before the joiner arrived varies: it
+    syncs straight to the newest certified round)."""
     late = statuses[-1]["history"]
-    return all(4 in rounds_done(status) for status in statuses) and any(not record["synced"] for record in late)
+    return any(not record["synced"] for record in late) and common_round(statuses, 10**9) >= 4
 
 
 def test_four_daemons_train_through_an_attacker_a_crash_and_a_late_joiner(tmp_path):
@@ -66,7 +69,7 @@ def test_four_daemons_train_through_an_attacker_a_crash_and_a_late_joiner(tmp_pa
         wait_connected([daemons[0], late])
         join(late, run_id)
         everyone = [*alive, late]
-        final = wait_for(everyone, run_id, caught_up, 240, "round 4 everywhere, and a round trained by the late joiner")
+        final = wait_for(everyone, run_id, trained_after_catching_up, 240, "a round trained by the late joiner")
     finally:
         for daemon in [*daemons, *( [late] if late else [])]:
             if daemon.process is not None and daemon.process.poll() is None:
@@ -74,8 +77,7 @@ def test_four_daemons_train_through_an_attacker_a_crash_and_a_late_joiner(tmp_pa
         log.close()
 
     honest = [status for index, status in enumerate(final) if index != 2]  # alive[2] is the attacker
-    at_round_4 = {record["state_hash"] for status in honest for record in status["history"] if record["round"] == 4}
-    assert len(at_round_4) == 1, "honest peers disagree on the parameters"
+    assert len(hashes_at(honest, common_round(honest, 10**9))) == 1, "honest peers disagree on the parameters"
     history = final[0]["history"]
     assert history[-1]["eval_loss"] < final[0]["initial_eval_loss"], "eval loss did not fall"
     for status in final:

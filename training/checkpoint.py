@@ -52,7 +52,7 @@ from .checkpoint_manifest import (
 __all__ = [
     "DEFAULT_CHUNK_SIZE", "CheckpointError", "ChunkRef", "Manifest", "chunk_path", "decode_chunk",
     "load_checkpoint", "manifest_path", "merkle_proof", "merkle_root", "missing_chunks", "read_manifest", "remove_checkpoints",
-    "store_chunk", "verify_chunk", "verify_merkle_proof", "write_checkpoint",
+    "state_digest", "store_chunk", "verify_chunk", "verify_merkle_proof", "write_checkpoint",
 ]
 
 MAGIC = b"LMCK"
@@ -61,7 +61,7 @@ PREFIX_SIZE = len(MAGIC) + 4
 MAX_HEADER_SIZE = 16 * 1024 * 1024
 MAX_TENSORS = 65536
 MAX_NDIM = 16
-COMPRESSION_LEVEL = 3
+COMPRESSION_LEVEL = 1  # float weights: level 3 saves no more bytes than 1 (about 7%) at under half the speed
 
 
 @dataclass(frozen=True)
@@ -146,6 +146,16 @@ def write_checkpoint(
     """
     arrays = {name: _as_bytes_array(name, value) for name, value in tensors.items()}
     return _store_state(directory, _blob_pieces(_layout(arrays), arrays), metadata, chunk_size)
+
+
+def state_digest(tensors: Mapping[str, torch.Tensor | np.ndarray]) -> bytes:
+    """The `state_hash` that `write_checkpoint` gives these tensors, computed without writing
+    anything: a peer can vote for a state before (or without) storing it."""
+    arrays = {name: _as_bytes_array(name, value) for name, value in tensors.items()}
+    digest = hashlib.sha256()
+    for piece in _blob_pieces(_layout(arrays), arrays):
+        digest.update(piece)
+    return digest.digest()
 
 
 def _store_state(

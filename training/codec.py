@@ -152,18 +152,25 @@ def decode(
     modes: tuple[str, ...] = MODES,
     block_size: int | None = None,
     max_scale: float = FP16_MAX,
+    out: np.ndarray | None = None,
 ) -> np.ndarray:
-    """A new float32 vector of `expected_numel` values from `payload`, or `CodecError`.
+    """A float32 vector of `expected_numel` values from `payload`, or `CodecError`.
 
     `modes` are the modes accepted; `block_size`, when given, is the only block
     size accepted; scales above `max_scale` are refused. The decompressed body
-    is never allowed to grow past its exact expected size.
+    is never allowed to grow past its exact expected size. The values go into
+    `out` (a float32 vector of `expected_numel`, reused across rounds to spare the
+    allocation) when given, else into a new array; on `CodecError`, `out` may
+    hold garbage.
     """
+    if out is not None and (out.dtype != np.float32 or out.shape != (expected_numel,)):
+        raise ValueError(f"out must be a float32 vector of {expected_numel} values")
     header, frame = _split(payload)
     mode, block = _check_header(header, expected_numel, modes, block_size)
     body = _inflate(frame, _body_length(mode, expected_numel, block))
     if mode == "fp32":
-        values = np.frombuffer(body, dtype="<f4").astype(np.float32)
+        values = np.frombuffer(body, dtype="<f4")
+        values = values.astype(np.float32) if out is None else _copied(values, out)
         if not np.isfinite(values).all():
             raise CodecError("not-finite", "fp32 payload holds NaN or infinite values")
         return values
@@ -173,7 +180,7 @@ def decode(
     codes = _unpack_nibbles(raw, expected_numel) if mode == "int4" else raw
     if codes.size and codes.min() < -_LEVELS[mode]:
         raise CodecError("bad-code", f"{mode} code outside −{_LEVELS[mode]}..{_LEVELS[mode]}")
-    return _dequantize(codes, scales, block)
+    return _dequantize(codes, scales, block, out)
 
 
 def non_finite_payload(mode: str, value: float, numel: int, *, block_size: int = DEFAULT_BLOCK) -> bytes:
@@ -318,10 +325,15 @@ def _unpack_nibbles(packed: np.ndarray, numel: int) -> np.ndarray:
     return codes[:numel]
 
 
-def _dequantize(codes: np.ndarray, scales: np.ndarray, block: int) -> np.ndarray:
+def _copied(values: np.ndarray, out: np.ndarray) -> np.ndarray:
+    np.copyto(out, values)
+    return out
+
+
+def _dequantize(codes: np.ndarray, scales: np.ndarray, block: int, out: np.ndarray | None = None) -> np.ndarray:
     """codes × their block's float32 scale: int8 → float32 is exact, then one rounded multiply."""
     numel = codes.size
-    out = np.empty(numel, dtype=np.float32)
+    out = np.empty(numel, dtype=np.float32) if out is None else out
     whole = numel // block * block
     if whole:
         rows = whole // block

@@ -245,8 +245,8 @@ def scale(x: np.ndarray, factor: float, out: np.ndarray | None = None) -> np.nda
 
 
 def params_hash(theta: np.ndarray) -> str:
-    """Hex SHA-256 of the little-endian float32 bytes of `theta`."""
-    return hashlib.sha256(np.ascontiguousarray(theta, dtype="<f4").tobytes()).hexdigest()
+    """Hex SHA-256 of the little-endian float32 bytes of `theta` (hashed in place, no copy)."""
+    return hashlib.sha256(np.ascontiguousarray(theta, dtype="<f4").data).hexdigest()
 
 
 def content_key(x: np.ndarray) -> bytes:

@@ -80,7 +80,11 @@ class EmptyRoundError(ValueError):
 
 
 class OuterStep:
-    """Holds θ, the momentum buffer and the previous aggregate; `step` advances them one round."""
+    """Holds θ, the momentum buffer and the previous aggregate; `step` advances them one round.
+
+    `step` replaces the three arrays with new ones and never writes into arrays it has handed
+    out, so references taken between steps (a checkpoint being written) stay valid.
+    """
 
     def __init__(
         self,
@@ -107,6 +111,8 @@ class OuterStep:
         self.theta = np.array(exact.as_flat_f32(theta, what="theta"), copy=True)
         self.momentum = self._state_vector(momentum_buffer, "momentum buffer")
         self.previous = None if previous_aggregate is None else self._state_vector(previous_aggregate, "previous aggregate")
+        self._rows: list[np.ndarray] = []  # decode buffers, kept across rounds: a fresh 4·numel-byte
+        # allocation per contribution per round costs page faults comparable to the decode itself
 
     @property
     def numel(self) -> int:
@@ -134,6 +140,8 @@ class OuterStep:
         )
         if not np.isfinite(g).all():  # cannot happen with decoded inputs; never apply it if it did
             raise aggregators.AggregatorError("the aggregate is not finite")
+        if any(np.may_share_memory(g, row) for row in self._rows):
+            g = g.copy()  # kept as the previous aggregate: the next round decodes into the rows
         g, g_norm, capped = self._cap(g)
         self._apply(g)
         self.previous = g
@@ -153,6 +161,10 @@ class OuterStep:
 
     def _decode_all(self, payloads: Mapping[Author, bytes]) -> tuple[dict[Author, np.ndarray], dict[Author, CodecError]]:
         decoded, rejected = {}, {}
+        while len(self._rows) < len(payloads):
+            self._rows.append(np.empty(self.numel, dtype=F32))
+        free = iter(self._rows)
+        row = next(free, None)
         for author, payload in payloads.items():
             try:
                 decoded[author] = decode(
@@ -161,9 +173,11 @@ class OuterStep:
                     modes=(self.config.codec,),
                     block_size=None if self.config.codec == "fp32" else self.config.block_size,
                     max_scale=self.config.max_scale,
+                    out=row,
                 )
+                row = next(free, None)
             except CodecError as error:
-                rejected[author] = error
+                rejected[author] = error  # its row is reused by the next payload
         return decoded, rejected
 
     def _cap(self, g: np.ndarray) -> tuple[np.ndarray, float, bool]:
@@ -174,17 +188,27 @@ class OuterStep:
         return exact.scale(g, cap / g_norm), g_norm, True
 
     def _apply(self, g: np.ndarray) -> None:
-        """Nesterov (or plain) momentum and the parameter update, one float32 ufunc per operation."""
+        """Nesterov (or plain) momentum and the parameter update, one float32 ufunc per operation.
+
+        Slab by slab: the same operations in the same order as whole-vector ufuncs (so the same
+        bits), but each slab of m, g and θ is read once while it is in cache. θ and the momentum
+        of the new state are new arrays: a state, once made, is never written again, so it can be
+        stored (or hashed) while the next step runs."""
         mu, lr = F32(self.config.momentum), F32(self.config.lr)
-        np.multiply(self.momentum, mu, out=self.momentum)
-        np.add(self.momentum, g, out=self.momentum)
-        if self.config.nesterov:
-            update = np.multiply(self.momentum, mu, dtype=F32)
-            np.add(update, g, out=update)
-        else:
-            update = self.momentum.copy()
-        np.multiply(update, lr, out=update)
-        self.theta = np.subtract(self.theta, update, dtype=F32)
+        update = np.empty(min(exact.SLAB, self.numel), dtype=F32)
+        new_theta, new_momentum = np.empty_like(self.theta), np.empty_like(self.momentum)
+        for start, stop in exact.slabs(self.numel):
+            m, grad, u = new_momentum[start:stop], g[start:stop], update[: stop - start]
+            np.multiply(self.momentum[start:stop], mu, out=m)
+            np.add(m, grad, out=m)
+            if self.config.nesterov:
+                np.multiply(m, mu, out=u)
+                np.add(u, grad, out=u)
+            else:
+                np.copyto(u, m)
+            np.multiply(u, lr, out=u)
+            np.subtract(self.theta[start:stop], u, out=new_theta[start:stop])
+        self.theta, self.momentum = new_theta, new_momentum
 
     def _state_vector(self, given: np.ndarray | None, what: str) -> np.ndarray:
         if given is None:

@@ -27,7 +27,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from .attacks import AttackView, get_attack
-from .checkpoint import Manifest, load_checkpoint, manifest_path, read_manifest, write_checkpoint
+from .checkpoint import Manifest, load_checkpoint, manifest_path, read_manifest, state_digest, write_checkpoint
 from .codec import Encoder, non_finite_payload
 from .flat import flatten, unflatten_into
 from .inner import InnerConfig, Worker
@@ -92,6 +92,18 @@ class Contribution:
     steps: int
     train_loss: float
     seconds: float
+
+
+@dataclass(frozen=True)
+class StateSnapshot:
+    """A run state as of one round, for `save`."""
+
+    tensors: Mapping[str, np.ndarray]
+    round: int
+
+    def save(self, directory: str | os.PathLike, run: bytes) -> Manifest:
+        """Write it as the checkpoint of round `round` of run `run`."""
+        return write_checkpoint(directory, self.tensors, {"round": self.round, "run": run})
 
 
 def peer_index(key: bytes) -> int:
@@ -170,9 +182,18 @@ class Participant:
             tensors["previous"] = self.outer.previous
         return tensors
 
+    def state_hash(self) -> bytes:
+        """The `state_hash` the checkpoint of this state will have (what peers vote on), without writing it."""
+        return state_digest(self.state_tensors())
+
+    def snapshot(self) -> StateSnapshot:
+        """The current state, to be written later (while the next round trains): the outer step
+        replaces its arrays and never writes into them, so the snapshot cannot change."""
+        return StateSnapshot(self.state_tensors(), self.round)
+
     def save(self, directory: str | os.PathLike, run: bytes) -> Manifest:
         """Write θ_r, momentum and previous aggregate as the checkpoint of round `self.round`."""
-        return write_checkpoint(directory, self.state_tensors(), {"round": self.round, "run": run})
+        return self.snapshot().save(directory, run)
 
     def load(self, directory: str | os.PathLike, checkpoint_id: bytes, run: bytes) -> Manifest:
         """Adopt the shared state of a verified checkpoint of run `run`; `ParticipantError` if it does not fit."""
