@@ -36,6 +36,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     start.add_argument("--log-format", choices=("text", "json"), help="log lines on stderr (default: text)")
     start.add_argument("--log-level", choices=("debug", "info", "warning", "error"), help="default: info")
     start.add_argument("--attack", metavar="NAME", help="test adversary: commit this attack's payloads (see node/config.py)")
+    start.add_argument(
+        "--no-upnp", action="store_true", help="do not ask the home router to forward our port (NAT-PMP, UPnP)"
+    )
     start.set_defaults(handler=start_daemon)
 
     stop = commands.add_parser("stop", help="ask the running daemon to shut down")
@@ -54,6 +57,7 @@ def start_daemon(args: argparse.Namespace) -> int:
         "log_format": args.log_format,
         "log_level": args.log_level,
         "attack": args.attack,
+        "port_mapping": "off" if args.no_upnp else None,
     }
     try:
         config = load_config(data_dir=args.data_dir, config_file=args.config, flags=flags)

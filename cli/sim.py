@@ -17,7 +17,7 @@ import time
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("sim", help="run a network simulation (real node code, virtual time)")
-    parser.add_argument("scenario", help="scenario name (connectivity, dht, checkpoint, train)")
+    parser.add_argument("scenario", help="scenario name (connectivity, dht, checkpoint, train, nat)")
     parser.add_argument("--nodes", type=int, default=100, help="number of nodes, bootstrap/seed nodes included")
     parser.add_argument("--seed", type=int, default=0, help="the same seed gives the same report")
     parser.add_argument("--report", help="where to write the JSON report (markdown goes beside it)")

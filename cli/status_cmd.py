@@ -66,7 +66,23 @@ def _nat_rows(status: dict[str, Any]) -> list[tuple[str, Any]]:
         rows.append(("relay", f"{offering}; reserved on {len(relay.get('reservations') or [])} relay(s)"))
         addresses = relay.get("relay_addrs") or []
         rows.extend(("relayed at" if index == 0 else "", address) for index, address in enumerate(addresses))
+    mapping = status.get("port_mapping")
+    if isinstance(mapping, dict):
+        rows.append(("port mapping", _port_mapping_text(mapping)))
     return rows
+
+
+def _port_mapping_text(mapping: dict[str, Any]) -> str:
+    """``upnp /ip4/1.2.3.4/tcp/4001, lease 3600 s (renew in 1700 s), confirmed``, or the state and why."""
+    if mapping.get("external_addr"):
+        renew = mapping.get("renew_in_s")
+        lease = f"lease {mapping.get('lease_s')} s (renew in {renew} s)" if mapping.get("lease_s") else (
+            f"permanent lease (re-added in {renew} s)"
+        )
+        proof = "confirmed" if mapping.get("confirmed") else "not yet confirmed by a dial-back"
+        return f"{mapping.get('protocol')} {mapping['external_addr']}, {lease}, {proof}"
+    reason = mapping.get("reason")
+    return f"{mapping.get('state')}: {reason}" if reason else str(mapping.get("state"))
 
 
 def format_peers(peers: list[dict[str, Any]]) -> str:

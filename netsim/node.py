@@ -21,6 +21,10 @@ its defaults (aim for 200 connections, dial everything in the peerstore every
 neither what a scenario wants to measure nor affordable at a thousand nodes.
 Scenarios decide whom a node dials.
 
+Daemon services (`locomesh.node.service.Service`, e.g. the NAT traversal
+ones) are added to `services` before the node starts; they run after the
+stream handlers, in order, as in the daemon.
+
 Byzantine behaviour enters through `hooks` (`ByzantineHooks`): a scenario can
 replace a service's handler, or rewrite or drop every frame a service sends.
 """
@@ -38,6 +42,7 @@ from libp2p.abc import IHost, INetStream
 from libp2p.peer.id import ID
 
 from locomesh.node.runtime import DialError, Node
+from locomesh.node.service import Service
 from locomesh.protocol import Identity
 
 from .network import Interface, Network
@@ -107,6 +112,7 @@ class SimNode:
         self.peer_id = ID.from_base58(identity.peer_id)
         self.hooks = ByzantineHooks()
         self.handlers: dict[str, _Handler] = {}
+        self.services: list[Service] = []  # daemon services run after the handlers (e.g. NAT traversal)
         self.node: Node | None = None
         self.nursery: trio.Nursery | None = None
         self._errors: Counter[str] = Counter()
@@ -147,7 +153,7 @@ class SimNode:
             self.identity,
             listen_addrs=[multiaddr_of(self.listen_addr)],
             transports=[SimTransport(self.network, self.interface)],
-            services=[_HandlerService(self)],
+            services=[_HandlerService(self), *self.services],
             rng=self.rng,
         )
         self.node = node

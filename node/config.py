@@ -18,6 +18,7 @@ log_level          LOCOMESH_LOG_LEVEL      --log-level LEVEL             "info"
 attack             LOCOMESH_ATTACK         --attack NAME                 "" (honest)
 relay              LOCOMESH_RELAY          (file / environment only)     "auto"
 nat_traversal      LOCOMESH_NAT_TRAVERSAL  (file / environment only)     "on"
+port_mapping       LOCOMESH_PORT_MAPPING   --no-upnp (sets "off")        "on"
 =================  ======================  ============================  ==========================
 
 ``attack`` turns the node into a test adversary: it trains like everyone else, then commits the
@@ -27,6 +28,7 @@ It exists so that tests and simulations can show the aggregation holding; honest
 ``relay`` says when this node relays for others (circuit relay v2, bounded): ``auto`` once its
 reachability check finds it public, ``on`` always, ``off`` never. ``nat_traversal = "off"`` stops it
 from reserving relay slots when private and from hole punching (`locomesh.node.nat`).
+``port_mapping = "off"`` stops it from asking the home gateway (NAT-PMP, UPnP IGD) to forward its port.
 
 A list given at a higher level replaces the lower one (it is not merged).
 Every bad value raises `ConfigError` with a one-line message naming where the
@@ -69,6 +71,7 @@ class NodeConfig:
     attack: str = ""
     relay: str = "auto"
     nat_traversal: str = "on"
+    port_mapping: str = "on"
     config_file: Path | None = field(default=None, compare=False)
 
     def validate(self) -> NodeConfig:
@@ -94,10 +97,14 @@ class NodeConfig:
             raise ConfigError(f"relay: {self.relay!r} is not one of {', '.join(RELAY_MODES)}")
         if self.nat_traversal not in ON_OFF:
             raise ConfigError(f"nat_traversal: {self.nat_traversal!r} is not one of {', '.join(ON_OFF)}")
+        if self.port_mapping not in ON_OFF:
+            raise ConfigError(f"port_mapping: {self.port_mapping!r} is not one of {', '.join(ON_OFF)}")
         return self
 
 
-_SETTABLE = ("listen", "bootstrap", "rpc_port", "log_format", "log_level", "attack", "relay", "nat_traversal")
+_SETTABLE = (
+    "listen", "bootstrap", "rpc_port", "log_format", "log_level", "attack", "relay", "nat_traversal", "port_mapping"
+)
 
 
 def default_data_dir() -> Path:

@@ -55,7 +55,12 @@ def default_services(config: NodeConfig) -> list[Service]:
     registry = RunRegistryService(config.data_dir)
     crdt = CrdtService(config.data_dir)
     checkpoints = CheckpointService(config.data_dir / "checkpoints", discovery=lambda: registry.discovery)
-    nat = nat_services(relay=config.relay, nat_traversal=config.nat_traversal, discovery=lambda: registry.discovery)
+    nat = nat_services(
+        relay=config.relay,
+        nat_traversal=config.nat_traversal,
+        port_mapping=config.port_mapping,
+        discovery=lambda: registry.discovery,
+    )
     return [PingService(), *nat, registry, crdt, checkpoints, RoundService(registry, crdt, checkpoints, attack=config.attack)]
 
 

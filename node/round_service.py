@@ -180,12 +180,27 @@ class RoundService:
                     nursery.start_soon(self._pull_quietly, str(peer), run_id)
 
     async def _connect_quietly(self, info: Any) -> None:
+        """Dial a participant at the addresses its provider record gave; if that fails, through
+        the relay service with the addresses of its DHT peer record, relayed ones included (py-libp2p
+        drops `/p2p-circuit` addresses from an ordinary dial, and a participant behind a NAT has
+        no other)."""
         self._node.host.get_peerstore().add_addrs(info.peer_id, info.addrs, 3600)
+        peer = str(info.peer_id)
         try:
-            with trio.move_on_after(CONNECT_TIMEOUT):
+            with trio.fail_after(CONNECT_TIMEOUT):
                 await self._node.host.connect(info)
+            return
         except Exception as error:  # noqa: BLE001 - py-libp2p raises many kinds; a dead participant is normal
-            logger.debug("could not reach participant %s: %s", info.peer_id, error)
+            logger.debug("could not dial participant %s: %s", peer, error)
+        relay = next((service for service in self._node.services if service.name == "relay"), None)
+        if relay is None:
+            return
+        try:
+            with trio.fail_after(CONNECT_TIMEOUT):
+                kind = await relay.connect(peer, await relay.lookup_addrs(peer))
+            logger.info("reached participant %s through the relay service (%s)", peer, kind)
+        except Exception as error:  # noqa: BLE001 - RpcError, DialError, TooSlowError: it may be gone
+            logger.debug("could not reach participant %s through relays either: %s", peer, error)
 
     async def _pull_quietly(self, peer: str, run_id: bytes) -> None:
         try:

@@ -4,8 +4,11 @@ Three real daemons: a public bootstrap + relay node, and two nodes each behind
 its own NAT. They find each other through the DHT, connect through the
 relay, and DCUtR upgrades the connection to a direct one. Behind NATs that
 map every connection to a random port no direct path exists, and the relayed
-connection still carries traffic. The tests skip only where the lab cannot
-be built (not root, namespaces refused, `ip` or `nft` missing), and say so.
+connection still carries traffic. Behind a router that speaks NAT-PMP (a
+responder in the NAT namespace that adds nftables DNAT rules), a node maps
+its port and the dial-back check proves the mapped address. The tests skip
+only where the lab cannot be built (not root, namespaces refused, `ip` or
+`nft` missing), and say so.
 
 The lab is `locomesh.node.nat.netns_lab.NatLab` (a relay host on the "internet", two hosts each
 behind its own nftables masquerade).
@@ -134,3 +137,77 @@ def test_behind_symmetric_nats_the_relay_carries_a_whole_checkpoint_download(lab
     # DCUtR tried meanwhile and could not: each connection gets a random port at both NATs.
     assert peer_connection(*host2, first) == "relayed"
     assert rpc(lab.relay_ns, tmp_path / "relay", "node.status")["relay"]["offering"] is True
+
+
+# A NAT-PMP gateway for the NAT router of the lab: it answers RFC 6886 requests on the LAN side and
+# forwards each mapped port with an nftables DNAT rule, as a home router does.
+_NATPMP_GATEWAY = r"""
+import socket, struct, subprocess, sys
+lan_ip, public_ip = sys.argv[1], sys.argv[2]
+def nft(script):
+    subprocess.run(["nft", "-f", "-"], input=script, text=True, check=True)
+nft("table ip portmap {\n  chain pre { type nat hook prerouting priority -100; }\n}\n")
+sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+sock.bind((lan_ip, 5351))
+print("ready", flush=True)
+mapped = {}  # (client ip, internal port) -> external port
+while True:
+    data, (client, port) = sock.recvfrom(64)
+    if data == b"\0\0":
+        reply = struct.pack("!BBHI", 0, 128, 0, 0) + socket.inet_aton(public_ip)
+    elif len(data) == 12 and data[:2] == b"\0\x02":
+        _, _, _, internal, suggested, lifetime = struct.unpack("!BBHHHI", data)
+        key = (client, internal)
+        if lifetime == 0:
+            mapped.pop(key, None)
+        elif key not in mapped:
+            mapped[key] = suggested or 40000 + len(mapped)
+        rules = "".join(
+            f'add rule ip portmap pre iifname "pub" tcp dport {external} dnat to {ip}:{inner}\n'
+            for (ip, inner), external in mapped.items()
+        )
+        nft("flush chain ip portmap pre\n" + rules)
+        reply = struct.pack("!BBHIHHI", 0, 130, 0, 0, internal, mapped.get(key, 0), lifetime)
+    else:
+        reply = struct.pack("!BBHI", 0, 128 + data[1] if len(data) > 1 else 128, 5, 0)
+    sock.sendto(reply, (client, port))
+"""
+
+
+@pytest.mark.slow
+def test_a_node_behind_a_nat_pmp_router_maps_its_port_and_becomes_public(lab_factory, tmp_path):
+    """host1's router speaks NAT-PMP: host1 finds itself private, maps its port, and the dial-back proves it."""
+    import subprocess
+    import sys
+
+    from locomesh.node.nat.netns_lab import HOST_IPS, NAT_PUBLIC_IPS, PORT
+
+    lab, start = lab_factory(symmetric=False)
+    gateway = subprocess.Popen(
+        [*lab.exec_prefix(lab.nat_ns[0]), sys.executable, "-c", _NATPMP_GATEWAY, "10.1.0.1", NAT_PUBLIC_IPS[0]],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        assert gateway.stdout.readline().strip() == "ready", "the NAT-PMP responder did not start"
+        relay_id, first, _ = start_three(lab, start, tmp_path)
+
+        def mapping() -> dict:
+            return rpc(lab.host_ns[0], tmp_path / "host1", "node.status")["port_mapping"]
+
+        mapped = wait_until("host1 maps its port", lambda: mapping().get("external_addr"), 90)
+        assert mapped == f"/ip4/{NAT_PUBLIC_IPS[0]}/tcp/{PORT}" and mapping()["protocol"] == "nat-pmp"
+        status = wait_until(
+            "host1 is dialled back at the mapped address",
+            lambda: (lambda s: s if s["reachability"]["verdict"] == "public" else None)(
+                rpc(lab.host_ns[0], tmp_path / "host1", "node.status")
+            ),
+            60,
+        )
+        assert mapped in status["reachability"]["confirmed_addrs"] and status["port_mapping"]["confirmed"]
+        # host2's router has no NAT-PMP: it stays private and says why.
+        other = rpc(lab.host_ns[1], tmp_path / "host2", "node.status")
+        assert other["reachability"]["verdict"] == "private" and "external_addr" not in other["port_mapping"]
+        assert HOST_IPS[0] not in mapped
+    finally:
+        gateway.kill()
+        gateway.wait(timeout=10)

@@ -1,4 +1,4 @@
-"""NAT traversal: reachability (our own dial-back check), circuit relay v2, hole punching (DCUtR).
+"""NAT traversal: reachability (our own dial-back check), circuit relay v2, hole punching (DCUtR), port mapping.
 
 Modules, one job each:
 
@@ -8,6 +8,11 @@ Modules, one job each:
 * `reach_service`: `/locomesh/reach/1`, the dial-back protocol in its three roles;
 * `relay_service`: a bounded circuit relay v2 for public nodes, relay reservations for private ones,
   relayed dials, and DCUtR hole punching over relayed connections;
-* `services`: the two services a daemon runs, built from its configuration;
+* `natpmp`: NAT-PMP (RFC 6886) messages, sans-IO, and a UDP client for the gateway;
+* `upnp`: UPnP IGD (SSDP search, description XML, SOAP port mapping), sans-IO, and its client;
+* `http_client`: the small HTTP/1.1 client UPnP needs (sans-IO response parser, capped);
+* `mapping_errors`: `MappingError`, the one typed error of the three above;
+* `port_mapping`: the service that maps our port while we are private, renews and removes it;
+* `services`: the three services a daemon runs, built from its configuration;
 * `netns_lab`: a small internet of Linux network namespaces behind nftables NATs (tests, benchmarks).
 """

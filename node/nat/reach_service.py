@@ -3,7 +3,8 @@
 Every node plays all three roles of `locomesh.node.nat.reachability` (read
 that first): it *asks* helpers about itself (a probe round every `interval`
 seconds; while the verdict is unknown after `retry_interval` seconds,
-doubling each time), it *helps*
+doubling each time; at once after `probe_soon`, when we have a new address
+to try), it *helps*
 (finds a dialer for a peer that asks), and it *dials back* (on a fresh
 connection, for a helper). One stream carries one exchange: a signed request
 frame and a signed `reach.result` frame back.
@@ -91,7 +92,9 @@ class ReachabilityService:
         helpers_per_round: int = 2,
         addresses: AddressSource = advertised_addrs,
         clock: Callable[[], float] = time.time,
+        libp2p_clock: Callable[[], float] = time.time,
         rng: random.Random | None = None,
+        nonces: Callable[[int], bytes] = secrets.token_bytes,
     ) -> None:
         self.interval = interval
         self.retry_interval = retry_interval
@@ -99,11 +102,14 @@ class ReachabilityService:
         self.helpers_per_round = helpers_per_round
         self._addresses = addresses
         self._clock = clock
+        self._libp2p_clock = libp2p_clock  # what py-libp2p stamps connections with (virtual in netsim)
         self._rng = rng or random.SystemRandom()
+        self._nonces = nonces  # unpredictable bytes; only a simulation passes a seeded source (a repeatable run)
         self.tracker = ReachabilityTracker(now=clock)
         self._request_limit = RateLimiter(clock, burst=3, interval=20.0)
         self._delegate_limit = RateLimiter(clock, burst=6, interval=10.0)
         self._dialbacks = trio.Semaphore(MAX_DIALBACKS)
+        self._wake = trio.Event()
         self._node: Node | None = None
 
     @property
@@ -126,7 +132,13 @@ class ReachabilityService:
             idle_rounds = 0 if self.tracker.decisive() > decisive else idle_rounds + 1
             backoff = 2 ** max(0, idle_rounds - 1)
             unsure = self.tracker.verdict() == UNKNOWN
-            await trio.sleep(min(self.retry_interval * backoff, self.interval) if unsure else self.interval)
+            with trio.move_on_after(min(self.retry_interval * backoff, self.interval) if unsure else self.interval):
+                await self._wake.wait()
+            self._wake = trio.Event()
+
+    def probe_soon(self) -> None:
+        """Run the next probe round now: we have a new address to try (a gateway just mapped one)."""
+        self._wake.set()
 
     # --- asking: one probe round -------------------------------------------------------
 
@@ -147,7 +159,7 @@ class ReachabilityService:
 
     async def _ask(self, helper: str, addrs: list[str]) -> None:
         node = self._require_node()
-        nonce = secrets.token_bytes(16)
+        nonce = self._nonces(16)
         self.tracker.start_probe(nonce, helper, addrs)
         try:
             reply = await self._exchange(helper, REACH_REQUEST.name, {"nonce": nonce, "addrs": addrs}, REQUEST_TIMEOUT)
@@ -266,7 +278,7 @@ class ReachabilityService:
         facts = facts_of_stream(stream)
         if facts is None or facts.direction != "inbound" or facts.kind != DIRECT:
             raise ProtocolError("bad-dialback", "a dialback must arrive on an inbound direct connection")
-        opened_at = self._clock() - (time.time() - facts.opened_at)  # the connection's age on our clock
+        opened_at = self._clock() - (self._libp2p_clock() - facts.opened_at)  # the connection's age, on our clock
         if not self.tracker.on_dialback(body["nonce"], body["addr"], dialer, opened_at=opened_at):
             raise ProtocolError("bad-dialback", "no probe of ours matches this dialback")
         logger.info("reachable at %s: dialled back by %s", body["addr"], dialer)

@@ -117,6 +117,7 @@ class RelayService:
         hole_punch: bool = True,
         bounds: RelayBounds = RelayBounds(),
         discovery: Callable[[], Any] | None = None,
+        extra_addrs: Callable[[], list[str]] = list,
     ) -> None:
         if mode not in RELAY_MODES:
             raise ValueError(f"relay mode {mode!r} is not one of {RELAY_MODES}")
@@ -126,9 +127,10 @@ class RelayService:
         self.hole_punch = hole_punch
         self.bounds = bounds
         self._discovery = discovery or (lambda: None)
+        self._extra_addrs = extra_addrs  # proved addresses beside our listen ones (a gateway's port mapping)
         self.reserved: dict[str, float] = {}  # relay peer ID -> when we last reserved (trio clock)
         self.offering = False
-        self._published: tuple[str, ...] = ()
+        self._published: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())  # (extra addrs, relay addrs)
         self._node: Node | None = None
         self._protocol: CircuitV2Protocol | None = None
         self._transport: CircuitV2Transport | None = None
@@ -232,16 +234,17 @@ class RelayService:
         return found
 
     async def _publish_relay_addrs(self) -> None:
-        relay_addrs = tuple(self.relay_addrs())
+        wanted = (tuple(self._extra_addrs()), tuple(self.relay_addrs()))
+        extra_addrs, relay_addrs = wanted
         discovery = self._discovery()
-        if relay_addrs == self._published or discovery is None:
+        if wanted == self._published or discovery is None:
             return
         node = self._require_node()
-        addrs = [str(address) for address in node.host.get_transport_addrs()]
+        addrs = [str(address) for address in node.host.get_transport_addrs()] + list(extra_addrs)
         try:
             with trio.move_on_after(CONNECT_TIMEOUT * 3):
                 await discovery.publish_peer_record(addrs, relay_addrs)
-                self._published = relay_addrs
+                self._published = wanted
                 logger.info("published our relay addresses: %s", ", ".join(relay_addrs) or "none")
         except Exception as error:  # noqa: BLE001 - DiscoveryError and DHT failures: retried next check
             logger.info("publishing our relay addresses failed: %s", error)
@@ -305,7 +308,7 @@ class RelayService:
         if not isinstance(peer_id, str) or not peer_id:
             raise RpcError.invalid_params("peer_id must be a peer ID string")
         if addrs is None:
-            addrs = await self._lookup_addrs(peer_id)
+            addrs = await self.lookup_addrs(peer_id)
         if not isinstance(addrs, list) or not all(isinstance(address, str) for address in addrs):
             raise RpcError.invalid_params("addrs must be a list of multiaddr strings")
         try:
@@ -314,7 +317,8 @@ class RelayService:
             raise RpcError(-32000, str(error)) from None
         return {"peer_id": peer_id, "connection": kind}
 
-    async def _lookup_addrs(self, peer_id: str) -> list[str]:
+    async def lookup_addrs(self, peer_id: str) -> list[str]:
+        """`peer_id`'s addresses, relayed ones included, from its signed DHT peer record; `RpcError` if none."""
         discovery = self._discovery()
         if discovery is None:
             raise RpcError(-32000, "no DHT to look the peer up in: give its addrs")
@@ -338,7 +342,7 @@ class RelayService:
             "active_circuits": circuits,
             "reservations": sorted(self.reserved),
             "relay_addrs": self.relay_addrs() if self._node is not None else [],
-            "published_relay_addrs": list(self._published),  # in our DHT peer record (the put finished)
+            "published_relay_addrs": list(self._published[1]),  # in our DHT peer record (the put finished)
             "hole_punching": self.hole_punch,
         }
 

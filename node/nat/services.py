@@ -5,18 +5,30 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .reach_service import ReachabilityService
+from .port_mapping import PortMappingService
+from .reach_service import ReachabilityService, advertised_addrs
 from .relay_service import RelayService
 
 
-def nat_services(*, relay: str, nat_traversal: str, discovery: Callable[[], Any]) -> list[Any]:
-    """The reachability check, then the relay service that acts on its verdict.
+def nat_services(
+    *, relay: str, nat_traversal: str, discovery: Callable[[], Any], port_mapping: str = "on"
+) -> list[Any]:
+    """The reachability check, the gateway port mapper and the relay service, all acting on its verdict.
 
     `relay` is the relay mode (auto / on / off); `nat_traversal` "off" keeps
-    the relay client and hole punching off; `discovery` returns the node's
-    `Discovery` (or None before it runs), where relay addresses are published.
+    the relay client and hole punching off; `port_mapping` "off" keeps the
+    gateway alone; `discovery` returns the node's `Discovery` (or None before
+    it runs), where our peer record (mapped and relay addresses) is published.
+    The reachability check also tries the mapped address, which is advertised
+    only once a dial-back proves it.
     """
-    reach = ReachabilityService()
+    mapper = PortMappingService(
+        lambda: reach.verdict,
+        lambda: reach.tracker.confirmed_addrs(),
+        enabled=port_mapping == "on",
+        on_mapped=lambda: reach.probe_soon(),
+    )
+    reach = ReachabilityService(addresses=lambda node: advertised_addrs(node) + mapper.candidate_addrs())
     traversal = nat_traversal == "on"
     relay_service = RelayService(
         lambda: reach.verdict,
@@ -24,5 +36,6 @@ def nat_services(*, relay: str, nat_traversal: str, discovery: Callable[[], Any]
         reservations=2 if traversal else 0,
         hole_punch=traversal,
         discovery=discovery,
+        extra_addrs=mapper.advertised_addrs,
     )
-    return [reach, relay_service]
+    return [reach, mapper, relay_service]
