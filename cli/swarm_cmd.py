@@ -147,8 +147,9 @@ def train(daemons: list[DaemonProcess], run_id: str, rounds: int, *, timeout: fl
     `report(round, statuses)` is called once per round, when every daemon is done with it."""
     deadline = time.monotonic() + timeout
     reported = 0
+    statuses: list[dict] = [{"history": []} for _ in daemons]
     while True:
-        statuses = [daemon.rpc().call("run.status", {"run_id": run_id}) for daemon in daemons]
+        statuses = [_status(daemon, run_id, last) for daemon, last in zip(daemons, statuses)]
         done = min(max((record["round"] for record in status["history"]), default=0) for status in statuses)
         while reported < min(done, rounds):
             reported += 1
@@ -159,6 +160,17 @@ def train(daemons: list[DaemonProcess], run_id: str, rounds: int, *, timeout: fl
         if time.monotonic() > deadline:
             raise DaemonError(f"the swarm finished {reported} of {rounds} rounds within {timeout:g} s")
         time.sleep(POLL_SECONDS)
+
+
+def _status(daemon: DaemonProcess, run_id: str, last: dict) -> dict:
+    """The daemon's `run.status`, or `last` if its RPC is too slow to answer now (a machine that
+    hosts the whole swarm can be that busy during an outer step); `DaemonError` if it died."""
+    try:
+        return daemon.rpc().call("run.status", {"run_id": run_id})
+    except DaemonNotRunning:
+        if daemon.process is not None and daemon.process.poll() is not None:
+            raise DaemonError(f"daemon {daemon.data_dir.name} exited with status {daemon.process.returncode}") from None
+        return last
 
 
 def stop_swarm(daemons: list[DaemonProcess]) -> list[int]:
