@@ -10,14 +10,30 @@ registry imports for the `checkpoint` scenario), virtual seconds simulated,
 virtual seconds per wall second and per CPU second, connections attempted,
 and the gossip delivery ratio; one JSON line, then a markdown table.
 
-Where the time goes (cProfile and a trio instrument at 100-400 nodes): about
-a quarter is trio's scheduler (py-libp2p yields often: every lock, every
-frame), most of the rest py-libp2p's per-connection work (Yamux frame
-handling, multistream negotiation, Identify on every new connection, Noise),
-a few percent the simulator. What grew faster than the node count was the
-garbage collector walking a heap of a few million objects (`netsim.collector`
-now pauses it); Yamux's RTT pings every 30 s on every connection are spaced
-out (`netsim.libp2p_chores`).
+Where the time goes (cProfile and a trio instrument at 100-1,000 nodes): about
+a third is trio's scheduler and cancel scopes (py-libp2p yields often: every
+lock, every frame), most of the rest py-libp2p's per-connection and per-frame
+work (Yamux frame handling, multistream negotiation, Identify on every new
+connection, Noise, and multiaddr/base58 parsing scattered through it, ~10%),
+a few percent the simulator, and at 1,000 nodes ~8% the garbage collector
+(`netsim.collector` pauses it and collects by growth).
+
+What was cut, one change at a time, `connectivity` at 200 nodes, CPU seconds
+(one run each, on a machine shared with 3-4 other agents, so +-10%):
+
+| change | CPU s |
+|---|---|
+| before (last session's code) | 43.5 |
+| Yamux window update only once half the window is read (`netsim.libp2p_chores`), was: one frame back per read | 32.4 |
+| + one shared timer wakes pipe readers at arrival, arrivals on a 1 ms grid (`netsim.wakeups`) | 31.8 |
+| (the 1 ms grid alone, per-reader timers kept) | 40.4 |
+
+The grid is off in the final code (it cost reproducibility, see
+`netsim.wakeups`); the shared timer stays. Window updates and the timer
+together cut trio task steps from 365k to 231k at 100 nodes. Multiaddr and
+peer-ID parsing are memoised (`netsim.transport`, `netsim.pex`). Final code,
+quiet machine, seed 1: 100 nodes 12.8 CPU s, 200 nodes 29.1, 1,000 nodes
+174.0 (last session: 20.0 and 257.8, at load ~5).
 """
 
 from __future__ import annotations
@@ -62,6 +78,9 @@ def run_once(nodes: int, seed: int) -> dict:
         "virtual_per_cpu_s": round(virtual / cpu, 3),
         "connection_attempts": result["summary"]["connection attempts (all, incl. libp2p's own)"],
         "mesh_components": result["summary"]["flood mesh components"],
+        "largest_component": result["summary"]["largest flood mesh component"],
+        "isolated_nodes": result["summary"]["nodes without flood neighbours"],
+        "isolated_by_nat": result["summary"]["nodes without flood neighbours, by NAT type"],
         "delivery_ratio": gossip["delivery ratio"],
     }
 

@@ -45,6 +45,7 @@ from libp2p.transport.exceptions import OpenConnectionError
 from .links import Capacity, Direction, LinkProfile, Serializer
 from .nat import NatBox, NatType
 from .pipe import Endpoint, Pipe, SimStream
+from .wakeups import DEFAULT_TICK, Wakeups
 
 DEFAULT_PORT = 4001
 LAN_PROFILE = LinkProfile(latency=0.0005)
@@ -134,9 +135,10 @@ Accept = Callable[[SimStream], None]
 class Network:
     """Every node, NAT box, path and live connection of one simulation."""
 
-    def __init__(self, seed: int, *, syn_timeout: float = 5.0) -> None:
+    def __init__(self, seed: int, *, syn_timeout: float = 5.0, tick: float = DEFAULT_TICK) -> None:
         self._rng = random.Random(seed)
         self.syn_timeout = syn_timeout
+        self.wakeups = Wakeups(tick)  # wakes every pipe's readers; `tick` > 0: on a grid (see `wakeups`)
         self.dials: list[DialRecord] = []
         self.last_route: dict[tuple[str, str], DialOutcome] = {}  # (dialer, target node) -> how it got through
         self._by_ip: dict[str, Interface] = {}
@@ -273,7 +275,7 @@ class Network:
     async def _open(self, source: Interface, route: _Route, target: Endpoint) -> SimStream:
         forward = self._direction(source, route.target)
         backward = self._direction(route.target, source)
-        a_to_b, b_to_a = Pipe(forward), Pipe(backward)
+        a_to_b, b_to_a = Pipe(forward, self.wakeups), Pipe(backward, self.wakeups)
         end_a = SimStream(a_to_b, b_to_a, local=source.endpoint, remote=target)
         end_b = SimStream(b_to_a, a_to_b, local=route.target.endpoint, remote=route.source_seen)
         connection = _Connection(source, route.target, end_a, end_b)

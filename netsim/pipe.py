@@ -25,10 +25,12 @@ Cost notes (a thousand-node run passes millions of chunks through here):
   raises `Cancelled` if its scope is cancelled, as a checkpoint would): a
   socket write with room in the send buffer returns at once too, and a yield
   per write was a scheduler round trip per Yamux frame.
-* Arrival times are not rounded to a grid, although readers due at the same
-  instant would then wake in one scheduler batch (cheaper): trio breaks ties
-  between equal deadlines by object address, and with a 1 ms grid the same
-  seed stopped giving the same report.
+* A waiting reader is woken once per chunk, when it arrives, by the shared
+  timer (`wakeups.Wakeups`), not when it is written and then again by a
+  deadline of its own. Arrival times lie on that timer's grid when it has
+  one (off by default: it cost reproducibility, see `wakeups`).
+* Readers and writers wait in separate parking lots: a chunk written does
+  not wake a writer waiting for room, nor a read a waiting reader.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from libp2p.io.abc import ReadWriteCloser
 from libp2p.io.exceptions import IOException
 
 from .links import Direction
+from .wakeups import Wakeups
 
 Endpoint = tuple[str, int]
 
@@ -49,16 +52,23 @@ class ConnectionBroken(IOException):
 
 
 class Pipe:
-    """Bytes one way, in order, readable at their arrival time, at most `buffer` in flight."""
+    """Bytes one way, in order, readable at their arrival time, at most `buffer` in flight.
 
-    def __init__(self, direction: Direction) -> None:
+    `wakeups` is the timer that wakes readers (a simulation shares one; a
+    pipe on its own gets its own).
+    """
+
+    def __init__(self, direction: Direction, wakeups: Wakeups | None = None) -> None:
         self._direction = direction
+        self._wakeups = wakeups if wakeups is not None else Wakeups()
         self._capacity = direction.profile.buffer
         self._chunks: deque[tuple[float, bytes]] = deque()
         self._in_flight = 0
         self._eof_at: float | None = None
         self._broken: str | None = None
-        self._changed = trio.lowlevel.ParkingLot()
+        self._readable = trio.lowlevel.ParkingLot()  # readers wait here for the next arrival
+        self._room = trio.lowlevel.ParkingLot()  # writers wait here for buffer space
+        self._wake_at: float | None = None  # the wake-up already asked of the timer, if any
 
     @property
     def in_flight(self) -> int:
@@ -71,14 +81,15 @@ class Pipe:
         while view:
             self._check_writable()
             while self._in_flight >= self._capacity:
-                await self._changed.park()
+                await self._room.park()
                 self._check_writable()
             piece = bytes(view[: self._capacity - self._in_flight])
             view = view[len(piece) :]
-            arrival = self._direction.arrival(trio.current_time(), len(piece))
+            arrival = self._wakeups.round_up(self._direction.arrival(trio.current_time(), len(piece)))
             self._chunks.append((arrival, piece))
             self._in_flight += len(piece)
-            self._changed.unpark_all()
+            if len(self._chunks) == 1 and self._readable:
+                self._wake_readers_at(arrival)
         await trio.lowlevel.checkpoint_if_cancelled()
 
     async def read(self, n: int | None = None) -> bytes:
@@ -86,22 +97,22 @@ class Pipe:
         while True:
             self._check_readable()
             if self._chunks:
-                arrival, chunk = self._chunks[0]
-                if arrival > trio.current_time():
-                    await trio.sleep_until(arrival)
-                    continue
-                return self._take(n)
-            if self._eof_at is not None:
-                await trio.sleep_until(self._eof_at)
-                self._check_readable()
-                return b""
-            await self._changed.park()
+                arrival = self._chunks[0][0]
+                if arrival <= trio.current_time():
+                    return self._take(n)
+                self._wake_readers_at(arrival)
+            elif self._eof_at is not None:
+                if self._eof_at <= trio.current_time():
+                    return b""
+                self._wake_readers_at(self._eof_at)
+            await self._readable.park()  # woken by the timer, `write` (a first chunk) or `break_`
 
     def close(self) -> None:
         """The writer is done: the reader sees end of stream after the last byte (and one more delay)."""
         if self._eof_at is None and self._broken is None:
-            self._eof_at = self._direction.arrival(trio.current_time(), 0)
-            self._changed.unpark_all()
+            self._eof_at = self._wakeups.round_up(self._direction.arrival(trio.current_time(), 0))
+            if not self._chunks and self._readable:
+                self._wake_readers_at(self._eof_at)
 
     def break_(self, reason: str) -> None:
         """Reset: wake everyone; all further reads and writes fail."""
@@ -109,7 +120,15 @@ class Pipe:
             self._broken = reason
             self._chunks.clear()
             self._in_flight = 0
-            self._changed.unpark_all()
+            self._readable.unpark_all()
+            self._room.unpark_all()
+
+    def _wake_readers_at(self, instant: float) -> None:
+        """Ask the timer to wake this pipe's readers at `instant`, unless a wake-up that early is pending."""
+        if self._wake_at is not None and trio.current_time() < self._wake_at <= instant:
+            return  # (one due now may have fired already: then ask again; a spare wake-up is harmless)
+        self._wake_at = instant
+        self._wakeups.wake_at(instant, self._readable)
 
     def _take(self, n: int | None) -> bytes:
         arrival, chunk = self._chunks[0]
@@ -120,7 +139,8 @@ class Pipe:
             taken, rest = chunk[:n], chunk[n:]
             self._chunks[0] = (arrival, rest)
         self._in_flight -= len(taken)
-        self._changed.unpark_all()
+        if self._room:
+            self._room.unpark_all()
         return taken
 
     def _check_writable(self) -> None:

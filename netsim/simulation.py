@@ -18,9 +18,10 @@ same run, byte for byte, because everything that could differ is pinned:
   redirected to the virtual clock (`libp2p_time.py`), and locomesh code
   reads `locomesh.netsim.clock`, which a run sets to virtual wall time.
 
-Two things are retuned for speed only: garbage collection (`collector`: a
-large run spent a fifth of its time walking the same objects) and Yamux's
-periodic RTT pings (`libp2p_chores`).
+Retuned for speed only: garbage collection (`collector`: a large run spent
+a fifth of its time walking the same objects), Yamux's periodic RTT pings
+and its one-window-update-per-read (`libp2p_chores`: go-yamux's batching
+instead), and how pipe readers wait (one shared timer, `wakeups`).
 
 What stays random: Noise's ephemeral keys (from the OS); they change bytes
 on the wire, never their sizes or timing. Across *processes*, Python's hash

@@ -5,9 +5,16 @@ the `Network` (NATs, partitions, link delays); listening registers the
 interface's endpoint with it. The connections are `SimStream`s wrapped in
 `RawConnection`s, so py-libp2p runs Noise and Yamux over them exactly as it
 does over TCP. The addresses look like TCP ones but never touch a socket.
+
+Parsing a multiaddr takes the `multiaddr` package about 0.15 ms, and the
+swarm asks `can_dial` of every address it considers, so both conversions
+are memoised (a simulation has a few addresses per node; multiaddrs are
+immutable).
 """
 
 from __future__ import annotations
+
+from functools import lru_cache
 
 import trio
 from libp2p.abc import IListener, IRawConnection, ITransport
@@ -25,12 +32,22 @@ _DIALABLE = ("ip4", "tcp")
 
 def endpoint_of(maddr: Multiaddr) -> Endpoint:
     """``/ip4/A.B.C.D/tcp/P[/p2p/...]`` -> ("A.B.C.D", P); raises `OpenConnectionError` otherwise."""
+    endpoint = _endpoint_of_bytes(maddr.to_bytes())
+    if endpoint is None:
+        raise OpenConnectionError(f"the simulator routes only /ip4/.../tcp/... addresses, not {maddr}")
+    return endpoint
+
+
+@lru_cache(maxsize=1 << 16)
+def _endpoint_of_bytes(packed: bytes) -> Endpoint | None:
+    maddr = Multiaddr(packed)
     names = [p.name for p in maddr.protocols()]
     if names[:2] != list(_DIALABLE) or any(name != "p2p" for name in names[2:]):
-        raise OpenConnectionError(f"the simulator routes only /ip4/.../tcp/... addresses, not {maddr}")
+        return None
     return (maddr.value_for_protocol("ip4"), int(maddr.value_for_protocol("tcp")))
 
 
+@lru_cache(maxsize=1 << 16)
 def multiaddr_of(endpoint: Endpoint) -> Multiaddr:
     return Multiaddr(f"/ip4/{endpoint[0]}/tcp/{endpoint[1]}")
 

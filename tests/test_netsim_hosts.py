@@ -161,3 +161,52 @@ def test_a_graceful_stop_closes_the_connections():
         return b.running, b.peer_id in a.connected_peers()
 
     assert run_simulation(9, main) == (False, False)
+
+
+def test_yamux_returns_credit_in_batches_in_a_simulation_and_streams_still_flow():
+    """go-yamux's rule (`libp2p_chores`): small reads send no WINDOW_UPDATE; a 1 MiB stream does not stall."""
+    from libp2p.stream_muxer.yamux.yamux import YamuxStream
+
+    from locomesh.netsim.libp2p_chores import libp2p_chores_retuned
+
+    updates = []
+    real_send = YamuxStream.send_window_update
+
+    async def counting_send(self, increment: int, skip_lock: bool = False) -> None:
+        updates.append(increment)
+        await real_send(self, increment, skip_lock)
+
+    expected = 100 * 100 + 64 * 16384
+
+    async def sink(stream) -> None:
+        total = 0
+        while total < expected:
+            total += len(await stream.read(65536))
+        await stream.write(str(total).encode())
+
+    async def main(sim: Simulation):
+        a, b = two_nodes(sim)
+        b.add_service("/test/sink/1.0.0", sink)
+        await sim.start(a)
+        await sim.start(b)
+        assert await a.connect(b.peer_id, b.listen_addr)
+        stream = await a.open_stream(b.peer_id, "/test/sink/1.0.0")
+        updates.clear()  # (the stream's own negotiation reads come before)
+        for _ in range(100):
+            await stream.write(b"x" * 100)
+        small_updates = len(updates)
+        for _ in range(64):
+            await stream.write(b"y" * 16384)
+        return small_updates, await stream.read(64)
+
+    YamuxStream.send_window_update = counting_send
+    try:
+        small_updates, answer = run_simulation(3, main)
+    finally:
+        YamuxStream.send_window_update = real_send
+    assert answer == str(expected).encode()
+    assert small_updates == 0, "100 small reads returned no credit one by one"
+    assert 1 <= len(updates) <= 16, "1 MiB read: credit comes back in half-window batches"
+    with libp2p_chores_retuned():
+        pass
+    assert YamuxStream._auto_tune_and_send_window_update.__name__ == "_auto_tune_and_send_window_update"

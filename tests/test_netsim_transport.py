@@ -6,6 +6,7 @@ import random
 
 import pytest
 import trio
+import trio.testing
 from libp2p.transport.exceptions import OpenConnectionError
 
 from locomesh.netsim.links import Capacity, Direction, LinkProfile, Serializer
@@ -13,6 +14,7 @@ from locomesh.netsim.nat import NatType
 from locomesh.netsim.network import DialOutcome, Network
 from locomesh.netsim.pipe import ConnectionBroken, Pipe
 from locomesh.netsim.transport import SimTransport, endpoint_of, multiaddr_of
+from locomesh.netsim.wakeups import Wakeups
 
 
 def pipe(**profile: float) -> Pipe:
@@ -159,3 +161,67 @@ def test_capacity_and_profile_validation():
     with pytest.raises(ValueError):
         LinkProfile(bandwidth=0)
     assert Capacity().upload is None
+
+
+class CountingWakeups(Wakeups):
+    def __init__(self, tick: float) -> None:
+        super().__init__(tick)
+        self.asked: list[float] = []
+
+    def wake_at(self, instant: float, lot: trio.lowlevel.ParkingLot) -> None:
+        self.asked.append(instant)
+        super().wake_at(instant, lot)
+
+
+async def test_arrivals_lie_on_the_delivery_grid_and_a_reader_is_woken_once_per_chunk(autojump_clock):
+    wakeups = CountingWakeups(tick=0.001)
+    p = Pipe(Direction(LinkProfile(latency=0.0104), random.Random(0)), wakeups)
+    start = trio.current_time()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(p.write, b"abc")
+        assert await p.read() == b"abc"  # parks before the write: nothing there yet
+    assert trio.current_time() - start == pytest.approx(0.011), "10.4 ms rounded up to the 1 ms grid"
+    assert wakeups.asked == [pytest.approx(start + 0.011)], "one wake-up, at the arrival"
+
+
+async def test_one_timer_serves_many_pipes_and_wakes_each_at_its_own_arrival(autojump_clock):
+    wakeups = Wakeups(tick=0.0)
+    latencies = [0.03, 0.01, 0.02, 0.01]
+    pipes = [Pipe(Direction(LinkProfile(latency=latency), random.Random(0)), wakeups) for latency in latencies]
+    arrived: dict[int, float] = {}
+
+    async def reader(index: int) -> None:
+        assert await pipes[index].read() == bytes([index])
+        arrived[index] = trio.current_time()
+
+    start = trio.current_time()
+    async with trio.open_nursery() as nursery:
+        for index in range(len(pipes)):
+            nursery.start_soon(reader, index)
+        await trio.sleep(0.001)
+        for index, p in enumerate(pipes):
+            await p.write(bytes([index]))
+    assert [round(arrived[i] - start, 6) for i in range(len(pipes))] == [0.031, 0.011, 0.021, 0.011]
+
+
+def test_rounding_up_to_the_grid_keeps_grid_instants_and_order():
+    wakeups = Wakeups(tick=0.001)
+    assert wakeups.round_up(0.003) == pytest.approx(0.003) and wakeups.round_up(0.0030001) == pytest.approx(0.004)
+    instants = sorted(random.Random(5).uniform(0, 10) for _ in range(1000))
+    rounded = [wakeups.round_up(t) for t in instants]
+    assert rounded == sorted(rounded) and all(0 <= r - t < 0.001 + 1e-9 for r, t in zip(rounded, instants))
+    assert Wakeups(tick=0).round_up(0.0123456) == 0.0123456
+    with pytest.raises(ValueError):
+        Wakeups(tick=-1)
+
+
+def test_a_wakeups_timer_works_again_in_a_later_trio_run():
+    wakeups = Wakeups()
+
+    async def one_delivery() -> bytes:
+        p = Pipe(Direction(LinkProfile(latency=0.01), random.Random(0)), wakeups)
+        await p.write(b"x")
+        return await p.read()
+
+    for _ in range(2):
+        assert trio.run(one_delivery, clock=trio.testing.MockClock(autojump_threshold=0)) == b"x"

@@ -224,6 +224,8 @@ class _Run:
 
     def _summary(self) -> dict:
         degrees = [len(self.floods[node.name].neighbours) for node in self.peers]
+        alone = Counter(node.interface.nat_type.value for node in self.peers if not self.floods[node.name].neighbours)
+        components = self._component_sizes()
         return {
             "seed": self.sim.seed,
             "nodes": self.config.nodes,
@@ -234,11 +236,15 @@ class _Run:
             "connection attempts (all, incl. libp2p's own)": len(self.sim.network.dials),
             "flood degree mean": round(sum(degrees) / len(degrees), 3) if degrees else None,
             "nodes without flood neighbours": sum(1 for d in degrees if d == 0),
-            "flood mesh components": self._components(),
+            # Why islands: such a node's dials all met NATs it cannot get through (no relays yet),
+            # and nobody could dial it either (it sits behind a port-restricted or symmetric NAT).
+            "nodes without flood neighbours, by NAT type": dict(sorted(alone.items())),
+            "flood mesh components": len(components),
+            "largest flood mesh component": max(components, default=0),
         }
 
-    def _components(self) -> int:
-        """Connected components of the flood mesh among running nodes."""
+    def _component_sizes(self) -> list[int]:
+        """Sizes of the connected components of the flood mesh among running nodes."""
         names = {str(node.peer_id): node.name for node in self.peers if node.running}
         parent = {name: name for name in names.values()}
 
@@ -252,7 +258,7 @@ class _Run:
             for neighbour in self.floods[name].neighbours:
                 if neighbour in names:
                     parent[root(name)] = root(names[neighbour])
-        return len({root(name) for name in parent})
+        return sorted(Counter(root(name) for name in parent).values(), reverse=True)
 
     def _pair_table(self) -> dict:
         rows = []
