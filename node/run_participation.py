@@ -36,7 +36,6 @@ from locomesh.protocol.runs import short_run_id
 from locomesh.training.checkpoint_manifest import Manifest, manifest_path, read_manifest
 
 from . import round_machine as rm
-from .background import run_in_background
 from .checkpoint_download import DownloadError, DownloadProgress, Offload, checkpoint_store, download_checkpoint
 from .runtime import Node
 
@@ -101,7 +100,7 @@ class RunParticipation:
 
     def __init__(self, node: Node, crdt: Any, replica: Replica, participant: Any, checkpoint_dir: Path,
                  scores: Any, *, timing: rm.Timing, compute: Compute = trio.to_thread.run_sync,
-                 offload: Offload = trio.to_thread.run_sync, background: Offload | None = None) -> None:
+                 offload: Offload = trio.to_thread.run_sync) -> None:
         self.node = node
         self.crdt = crdt
         self.replica = replica
@@ -109,9 +108,6 @@ class RunParticipation:
         self.participant = participant
         self.compute = compute  # runs a participant method; a simulation models its time instead
         self.offload = offload  # runs blocking store work (a thread; inline in the simulator)
-        # Work nobody waits for (storing a round's state): a low-priority thread in the daemon; a
-        # simulator that runs store work inline runs this inline too.
-        self.background = background or (run_in_background if offload is trio.to_thread.run_sync else offload)
         self.directory = checkpoint_dir
         self.scores = scores
         self.me = node.identity.public_key
@@ -125,6 +121,8 @@ class RunParticipation:
         self._compute = trio.Lock()
         self._events_in, self._events = trio.open_memory_channel[rm.Event](math.inf)
         self._news: trio.CancelScope | None = None
+        self._unstored: tuple[int, Any, bytes] | None = None  # the newest state not yet stored
+        self._storing = False
         self._nursery: trio.Nursery | None = None
 
     async def run(self) -> None:
@@ -300,8 +298,8 @@ class RunParticipation:
     async def _aggregate(self, work: _Work, authors: tuple[bytes, ...], last_commit: float) -> None:
         """The outer step and the vote; then, off the critical path, the state checkpoint. The
         vote names the new state's hash, computed in memory; compressing and storing the state
-        runs on the low-priority background thread while the next round trains (a snapshot of
-        the state: the outer step never writes into arrays it handed out)."""
+        runs while the next round trains (a snapshot of the state: the outer step never writes
+        into arrays it handed out)."""
         payloads = {author: work.payloads[author] for author in authors if author in work.payloads}
         arrivals = [work.arrived[author] for author in authors if author in work.arrived]
         work.fetch_seconds = max(0.0, max(arrivals, default=last_commit) - last_commit)
@@ -318,12 +316,31 @@ class RunParticipation:
                 logger.warning("round %d: no aggregate: %s", work.round, error)
         self._emit(rm.Aggregated(work.round, state_hash, trio.current_time()))
         if snapshot is not None:
-            await self._store_state(work.round, snapshot, state_hash)
+            self._store_later(work.round, snapshot, state_hash)
+
+    def _store_later(self, round_number: int, snapshot: Any, state_hash: bytes) -> None:
+        """Queue a state for `_store_states`. Only the newest waits: when storing falls behind the
+        rounds (a busy machine), an older state that was never stored is dropped rather than
+        queued, so at most two states are held (being written, waiting) and the one offered to
+        syncing peers is the newest."""
+        self._unstored = (round_number, snapshot, state_hash)
+        if not self._storing:
+            self._storing = True
+            assert self._nursery is not None
+            self._nursery.start_soon(self._store_states)
+
+    async def _store_states(self) -> None:
+        try:
+            while self._unstored is not None:
+                (round_number, snapshot, state_hash), self._unstored = self._unstored, None
+                await self._store_state(round_number, snapshot, state_hash)
+        finally:
+            self._storing = False
 
     async def _store_state(self, round_number: int, snapshot: Any, state_hash: bytes) -> None:
         """Write the state we voted for as a checkpoint, then attest it (peers that sync fetch it)."""
         try:
-            manifest = await self.background(snapshot.save, self.directory, self.run_id)
+            manifest = await self.offload(snapshot.save, self.directory, self.run_id)
         except (OSError, ValueError) as error:  # a full disk, say: we keep training, others offer the state
             logger.error("round %d: the state was not stored: %s", round_number, error)
             return
