@@ -7,11 +7,20 @@ the round's honest pseudo-gradients. Settings: N=8 with f=1 and f=2 (1/8, 1/4), 
 Each attacked run is compared with two clean runs (all N workers honest): the same aggregator with
 the same options ("vs_clean"), and the plain mean ("vs_mean").
 
-Targets: centered_clip (the default) within 3% of its clean run under every attack at f/N ≤ 1/4 and
-within 5% at 1/3; clean centered_clip within 0.5% of clean mean; the mean visibly fails under at
-least sign_flip_x100 and alie.
+ALIE runs once at the paper's z_max ("alie") and once at every z of `--alie-z` ("alie_z4", ...):
+the omniscient attacker also picks its scale, and the report gives, per aggregator, the z that hurt
+most ("alie worst z"). Why: z_max hides the attackers inside the honest spread, which in this
+setting (6 rounds of a small order-1 task) moves the plain mean by less than its own noise (see
+training/attacks.py), so z_max alone leaves every aggregator, the mean included, within 0.5% of
+clean. ByzFL's optimal ALIE searches the scale per round against the aggregator (Allouah et al.
+2023); here one z is held for a whole run and the grid is searched on the final loss instead.
 
-    .venv/bin/python bench/byzantine.py            # the full grid
+Targets: centered_clip (the default) within 3% of its clean run under every attack, every ALIE z
+included, at f/N ≤ 1/4 and within 5% at 1/3; clean centered_clip within 0.5% of clean mean; the
+mean visibly fails under sign_flip_x100 and under ALIE at its worst z, "visibly" meaning worse than
+the default's tolerance at that f/N (the mean would miss the target the default meets).
+
+    .venv/bin/python bench/byzantine.py            # the full grid (about 20 min on 2 shared cores)
     .venv/bin/python bench/byzantine.py --quick    # two attacks, two aggregators, one setting
 """
 
@@ -41,6 +50,8 @@ SETTINGS = [(8, 1), (8, 2), (9, 3)]  # (N, f)
 TASK = {"alphabet": 16, "order": 1, "context": 32, "n_layer": 1, "n_head": 2, "d_model": 32,
         "eval_sequences": 512}
 DEFAULT = "centered_clip"
+ALIE_Z = [1, 2, 4, 8, 16, 32, 64]  # the omniscient attacker's choices of z besides the paper's z_max
+TARGET_PERCENT = {True: 3.0, False: 5.0}  # keyed by f/N <= 1/4
 
 
 def parse_args() -> argparse.Namespace:
@@ -51,6 +62,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--inner-lr", type=float, default=1e-2)
     parser.add_argument("--attacks", default=",".join(ATTACKS))
+    parser.add_argument("--alie-z", default=",".join(map(str, ALIE_Z)),
+                        help="z values run besides z_max whenever alie is among the attacks ('' for none)")
     parser.add_argument("--aggregators", default=",".join(AGGREGATORS))
     parser.add_argument("--settings", default=",".join(f"{n}/{f}" for n, f in SETTINGS), help="N/f,...")
     args = parser.parse_args()
@@ -96,6 +109,27 @@ class Grid:
         return self.clean_cache[key]
 
 
+def alie_grid(args: argparse.Namespace) -> list[float]:
+    return [float(z) for z in args.alie_z.split(",") if z.strip()]
+
+
+def attack_labels(args: argparse.Namespace) -> list[str]:
+    """The attacks to run, in order, with the ALIE z grid ("alie_z<z>") right after "alie"."""
+    labels = []
+    for name in args.attacks.split(","):
+        labels.append(name)
+        if name == "alie":
+            labels += [f"alie_z{z:g}" for z in alie_grid(args)]
+    return labels
+
+
+def attack_for(label: str) -> attacks.Attack:
+    """The attack a row label names: a key of attacks.ATTACKS, or "alie_z<z>" for ALIE at a fixed z."""
+    if label.startswith("alie_z"):
+        return attacks.alie(float(label.removeprefix("alie_z")))
+    return attacks.get_attack(label)
+
+
 def ratio(loss: float | str, reference: float | str) -> float | str:
     """loss / reference, or "n/a" when either run ended in an error (a string)."""
     return loss / reference if isinstance(loss, float) and isinstance(reference, float) else "n/a"
@@ -119,8 +153,8 @@ def main() -> None:
             options = aggregator_options(aggregator, workers, f)
             clean = grid.clean(workers, aggregator, options)
             rows.append(cell(workers, f, "none", aggregator, clean, clean, clean_mean))
-            for attack in args.attacks.split(","):
-                byzantine = {workers - 1 - i: attacks.get_attack(attack) for i in range(f)}
+            for attack in attack_labels(args):
+                byzantine = {workers - 1 - i: attack_for(attack) for i in range(f)}
                 loss = grid.run(workers, aggregator, options, byzantine)
                 rows.append(cell(workers, f, attack, aggregator, loss, clean, clean_mean))
                 print(json.dumps(rows[-1]), file=sys.stderr, flush=True)  # progress, one row a line
@@ -135,7 +169,8 @@ def main() -> None:
         "codec": "int8 + error feedback",
         "outer": "Nesterov lr 0.7 momentum 0.9",
         "byzantine_workers": "the last f indices; omniscient and colluding",
-        "alie_z": {f"{n}/{f}": round(attacks.alie_z(n, f), 3) for n, f in settings},
+        "alie_z_max": {f"{n}/{f}": round(attacks.alie_z(n, f), 3) for n, f in settings},
+        "alie_z_grid": alie_grid(args),
         "cpu_seconds": round(time.process_time() - started, 1),
         "cpu": "2 cores shared with other jobs",
         "quick": args.quick,
@@ -160,13 +195,15 @@ def cell(workers, f, attack, aggregator, loss, clean, clean_mean) -> dict:
 def summary(rows: list[dict]) -> str:
     """Per setting, attack × aggregator: % above the same aggregator's clean run; then the targets."""
     lines = []
-    for workers, f in sorted({(row["N"], row["f"]) for row in rows}):
-        cells = [row for row in rows if (row["N"], row["f"]) == (workers, f)]
+    for workers, f in settings_of(rows):
         table = {}
-        for row in cells:
+        for row in rows_of(rows, workers, f):
             value = row["vs_clean"] if row["attack"] != "none" else row["vs_mean"]
-            percent = f"{100 * (value - 1):+.1f}%" if isinstance(value, float) else value
-            table.setdefault(row["attack"], {"attack (none: vs mean)": row["attack"]})[row["aggregator"]] = percent
+            table.setdefault(row["attack"], {"attack (none: vs mean)": row["attack"]})[row["aggregator"]] = percent(value)
+        table["alie worst z"] = {"attack (none: vs mean)": "alie worst z"}
+        for aggregator in dict.fromkeys(row["aggregator"] for row in rows):
+            row = worst(alie_rows(rows_of(rows, workers, f, aggregator)))
+            table["alie worst z"][aggregator] = "n/a" if row is None else f"{percent(row['vs_clean'])} ({z_of(row)})"
         lines += [f"N={workers}, f={f}: loss vs the same aggregator's clean run", "",
                   markdown_table(list(table.values())), ""]
     lines += targets(rows)
@@ -174,24 +211,61 @@ def summary(rows: list[dict]) -> str:
 
 
 def targets(rows: list[dict]) -> list[str]:
+    """One line per target of the issue, with the numbers and met / MISSED."""
     out = []
-    for workers, f in sorted({(row["N"], row["f"]) for row in rows}):
-        cells = [row for row in rows if (row["N"], row["f"]) == (workers, f)]
-        limit = 1.03 if f / workers <= 0.25 else 1.05
-        attacked = [r for r in cells if r["aggregator"] == DEFAULT and r["attack"] != "none"]
+    for workers, f in settings_of(rows):
+        limit = 1 + TARGET_PERCENT[f / workers <= 0.25] / 100
+        attacked = [r for r in rows_of(rows, workers, f, DEFAULT) if r["attack"] != "none"]
         if attacked:
-            worst = max(attacked, key=lambda r: r["vs_clean"] if isinstance(r["vs_clean"], float) else 9)
             met = all(isinstance(r["vs_clean"], float) and r["vs_clean"] <= limit for r in attacked)
-            out.append(f"- N={workers} f={f}: {DEFAULT} worst {worst['attack']} {shown(worst['vs_clean'], '.4f')}x "
+            top = worst(attacked) or attacked[0]
+            out.append(f"- N={workers} f={f}: {DEFAULT} worst {top['attack']} {shown(top['vs_clean'], '.4f')}x "
                        f"clean (target ≤ {limit}): {'met' if met else 'MISSED'}")
-        for r in cells:
-            if r["aggregator"] == DEFAULT and r["attack"] == "none":
+        for r in rows_of(rows, workers, f, DEFAULT):
+            if r["attack"] == "none":
                 met = isinstance(r["vs_mean"], float) and r["vs_mean"] <= 1.005
                 out.append(f"- N={workers}: clean {DEFAULT} {shown(r['vs_mean'], '.4f')}x clean mean (target ≤ 1.005): "
                            f"{'met' if met else 'MISSED'}")
-            if r["aggregator"] == "mean" and r["attack"] in ("sign_flip_x100", "alie"):
-                out.append(f"- N={workers} f={f}: mean under {r['attack']}: {shown(r['vs_clean'], '.3f')}x clean")
+        out += mean_failures(rows_of(rows, workers, f, "mean"), workers, f, limit)
     return out
+
+
+def mean_failures(cells: list[dict], workers: int, f: int, limit: float) -> list[str]:
+    """Whether the plain mean visibly fails (worse than the default's tolerance `limit`) under
+    sign_flip_x100, ALIE at z_max and ALIE at its worst z: the evidence that the attacks are live."""
+    shown_rows = [r for r in cells if r["attack"] in ("sign_flip_x100", "alie")]
+    top = worst(alie_rows(cells))
+    if top is not None and top["attack"] != "alie":
+        shown_rows.append(top)
+    return [f"- N={workers} f={f}: mean under {r['attack']}: {shown(r['vs_clean'], '.3f')}x clean: "
+            f"{'visibly fails' if isinstance(r['vs_clean'], float) and r['vs_clean'] > limit else 'does NOT visibly fail'}"
+            f" (visibly: > {limit}, the default's tolerance)" for r in shown_rows]
+
+
+def settings_of(rows: list[dict]) -> list[tuple[int, int]]:
+    return sorted({(row["N"], row["f"]) for row in rows})
+
+
+def rows_of(rows: list[dict], workers: int, f: int, aggregator: str | None = None) -> list[dict]:
+    return [r for r in rows if (r["N"], r["f"]) == (workers, f) and aggregator in (None, r["aggregator"])]
+
+
+def alie_rows(cells: list[dict]) -> list[dict]:
+    return [r for r in cells if r["attack"] == "alie" or r["attack"].startswith("alie_z")]
+
+
+def worst(cells: list[dict]) -> dict | None:
+    """The row with the largest vs_clean; rows that ended in an error ("n/a") do not count."""
+    finite = [r for r in cells if isinstance(r["vs_clean"], float)]
+    return max(finite, key=lambda r: r["vs_clean"]) if finite else None
+
+
+def z_of(row: dict) -> str:
+    return "z_max" if row["attack"] == "alie" else "z=" + row["attack"].removeprefix("alie_z")
+
+
+def percent(value: float | str) -> str:
+    return f"{100 * (value - 1):+.1f}%" if isinstance(value, float) else str(value)
 
 
 if __name__ == "__main__":

@@ -264,6 +264,7 @@ class _ChunkFetcher:
         self.store, self.directory, self.manifest, self.schedule = store, directory, manifest, schedule
         self.sessions, self.scores, self.progress, self.offload = sessions, scores, progress, offload
         self._changed = trio.Event()
+        self._requests: dict[tuple[str, int], trio.CancelScope] = {}  # (provider, chunk) -> its request
 
     async def run(self) -> None:
         async with trio.open_nursery() as nursery:
@@ -297,14 +298,33 @@ class _ChunkFetcher:
                     await self._changed.wait()
                     continue
                 started = trio.current_time()
-                outcome = await self._fetch(peer, session, index)
+                outcome = await self._fetch_cancellable(peer, session, index)
                 self.schedule.record(peer, index, outcome, seconds=trio.current_time() - started)
+                if outcome is Outcome.STORED:
+                    self._cancel_copies(index)
                 self._notify()
                 if outcome is Outcome.BUSY:
                     await trio.sleep(BUSY_BACKOFF)
         finally:
             if session is not self.sessions[peer]:
                 await session.close()
+
+    async def _fetch_cancellable(self, peer: str, session: ProviderSession, index: int) -> Outcome:
+        """`_fetch`, unless another provider's copy of the chunk is stored first: then `SUPERSEDED`."""
+        with trio.CancelScope() as scope:
+            self._requests[(peer, index)] = scope
+            try:
+                return await self._fetch(peer, session, index)
+            finally:
+                del self._requests[(peer, index)]
+        return Outcome.SUPERSEDED  # cancelled (the stream was reset; the session opens a new one)
+
+    def _cancel_copies(self, index: int) -> None:
+        """Stop the endgame copies of a stored chunk: their providers' uplinks are wanted for other chunks."""
+        for peer in self.schedule.holders(index):
+            scope = self._requests.get((peer, index))
+            if scope is not None:  # its request may be just finishing
+                scope.cancel()
 
     async def _fetch(self, peer: str, session: ProviderSession, index: int) -> Outcome:
         """Fetch, verify and store chunk `index` from `peer`; what became of it."""

@@ -8,10 +8,13 @@ The CRDT itself (`locomesh.crdt`) is pure; this service only moves bytes:
   registers the same validator: it adds each op to the replica, and refuses the message if any
   op in it is invalid, so invalid ops are not forwarded.
 * **Anti-entropy.** A request/response stream, `SYNC_PROTOCOL`, carrying the frames of
-  `locomesh.crdt.sync` (heads, want, ops). A node pulls from each peer right after it connects
-  and then every `sync_interval` seconds; a server that sees the asker ahead of it pulls back.
-  Gossip is the fast path; anti-entropy is what makes delivery certain (GossipSub drops
-  messages silently when its queues are full).
+  `locomesh.crdt.sync` (heads, want, ops). Gossip is the fast path; anti-entropy is what makes
+  delivery certain (GossipSub drops messages silently when its queues are full). Pulls are kept
+  proportionate to what gossip misses (`anti_entropy.AntiEntropySchedule`): a node pulls from
+  each peer right after it connects, then from a few peers per sweep, sweeping less often
+  while pulls find nothing; an op gossiped with parents still unknown `GAP_GRACE` seconds later
+  (not merely overtaken by them in flight) makes it pull from that op's author at once. A
+  server that sees the asker ahead of it pulls back.
 * **RPC** ``run.state(run_id)``: the materialised state of a run this node replicates.
 
 Runs replicated: those created or joined in the data dir (`locomesh.node.run_store`), looked for
@@ -34,10 +37,11 @@ from libp2p.tools.anyio_service import background_trio_service
 
 from locomesh.crdt import Genesis, Replica, evidence_fields
 from locomesh.crdt.sync import SYNC_KINDS, SyncPuller, SyncServer
-from locomesh.protocol import ProtocolError, decode, encode, public_key_from_peer_id
+from locomesh.protocol import ProtocolError, decode, encode, peer_id_from_public_key, public_key_from_peer_id
 from locomesh.protocol.kinds import CRDT_OPS, MAX_BATCH_OPS
 from locomesh.protocol.runs import format_run_id, parse_run_id, short_run_id
 
+from .anti_entropy import FANOUT, MAX_INTERVAL, AntiEntropySchedule
 from .rpc import RpcError
 from .run_store import RunStore
 from .runtime import DialError, Node
@@ -47,8 +51,9 @@ logger = logging.getLogger(__name__)
 
 SYNC_PROTOCOL = "/locomesh/crdt-sync/1.0.0"
 FRAME_TIMEOUT = 15.0
-SYNC_INTERVAL = 5.0
+SYNC_INTERVAL = 5.0  # between sweeps while pulls bring ops; up to MAX_INTERVAL while they do not
 NEW_PEER_POLL = 0.5
+GAP_GRACE = 1.0  # an op's missing parents may be a gossip hop behind it: wait this long before pulling
 GOSSIP_FLUSH = 0.25
 GOSSIP_BATCH_BYTES = 512 * 1024  # GossipSub drops messages over 1 MiB without a word
 RUN_NOT_FOUND = -32004
@@ -63,9 +68,14 @@ class CrdtService:
 
     name = "crdt"
 
-    def __init__(self, data_dir: str | os.PathLike | None = None, *, sync_interval: float = SYNC_INTERVAL) -> None:
+    def __init__(self, data_dir: str | os.PathLike | None = None, *, sync_interval: float = SYNC_INTERVAL,
+                 max_sync_interval: float = MAX_INTERVAL, sync_fanout: int = FANOUT) -> None:
         self.store = RunStore(data_dir) if data_dir is not None else None
         self.sync_interval = sync_interval
+        self.max_sync_interval = max(sync_interval, max_sync_interval)
+        self.sync_fanout = sync_fanout
+        self.schedule: AntiEntropySchedule | None = None
+        self._gaps: dict[tuple[str, bytes], tuple[float, bytes]] = {}  # (author, run) -> (since, op waiting)
         self.replicas: dict[bytes, Replica] = {}
         self._outbox: dict[bytes, list[bytes]] = {}
         self._syncing: set[tuple[str, bytes]] = set()
@@ -77,6 +87,8 @@ class CrdtService:
 
     async def run(self, node: Node, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         self._node = node
+        self.schedule = AntiEntropySchedule(node.rng, base_interval=self.sync_interval,
+                                            max_interval=self.max_sync_interval, fanout=self.sync_fanout)
         # Built before any connection exists: Pubsub learns of peers through a notifee.
         router = GossipSub(
             protocols=[GOSSIPSUB_PROTOCOL_ID], degree=6, degree_low=4, degree_high=12, heartbeat_interval=1
@@ -109,6 +121,8 @@ class CrdtService:
         self.pubsub.set_topic_validator(topic, lambda _peer, message: self._on_gossip(replica, message.data), False)
         subscription = await self.pubsub.subscribe(topic)
         self._nursery.start_soon(_drain, subscription)  # the validator already took the ops in
+        if self.schedule is not None:
+            self.schedule.behind(trio.current_time())  # its backlog: pulled at the next look
         logger.info("replicating run %s", short_run_id(genesis.run_id))
         return replica
 
@@ -135,10 +149,15 @@ class CrdtService:
         valid = True
         for op in envelope.body["ops"]:
             try:
-                self._publish_evidence(replica, replica.add(op).equivocations)
+                receipt = replica.add(op)
             except ProtocolError as error:
                 self._count(error)
                 valid = False
+                continue
+            self._publish_evidence(replica, receipt.equivocations)
+            if receipt.waiting:  # its author (the publisher) holds its parents
+                self._gaps.setdefault((peer_id_from_public_key(envelope.author), replica.run_id),
+                                      (trio.current_time(), receipt.id))
         return valid
 
     async def _gossip_loop(self) -> None:
@@ -167,23 +186,32 @@ class CrdtService:
     # --- anti-entropy -------------------------------------------------------------------------
 
     async def _anti_entropy_loop(self) -> None:
-        """Pull from each new peer at once, and from every peer every `sync_interval` seconds."""
-        assert self._node is not None
-        seen: set[str] = set()
-        next_sweep = trio.current_time() + self.sync_interval
+        """Pull as `self.schedule` says (new peers at once, a few peers per sweep), and from the
+        author of any op still waiting for its parents after `GAP_GRACE`."""
+        assert self._node is not None and self.schedule is not None
         while True:
             await trio.sleep(NEW_PEER_POLL)
-            connected = {entry.peer_id for entry in self._node.peers.peers()}
             now = trio.current_time()
-            sweep = now >= next_sweep
-            due = connected if sweep else connected - seen
+            self._repair_gaps(now)
+            connected = [entry.peer_id for entry in self._node.peers.peers()]
+            due, sweep = self.schedule.due(now, connected)
             if sweep:
-                next_sweep = now + self.sync_interval
                 await self._open_stored_runs()
-            seen = connected
-            for peer in sorted(due):
+            for peer in due:
                 for run_id in list(self.replicas):
                     self._start_pull(peer, run_id)
+
+    def _repair_gaps(self, now: float) -> None:
+        """Pull from the authors of ops that still wait for parents `GAP_GRACE` after arriving."""
+        assert self.schedule is not None
+        for (author, run_id), (since, waiting) in list(self._gaps.items()):
+            if now - since < GAP_GRACE:
+                continue
+            del self._gaps[(author, run_id)]
+            replica = self.replicas[run_id]
+            if waiting not in replica and not replica.is_rejected(waiting):  # no later message released it
+                self.schedule.behind(now)
+                self._start_pull(author, run_id)
 
     def _start_pull(self, peer: str, run_id: bytes) -> None:
         if (peer, run_id) not in self._syncing and self._nursery is not None:
@@ -192,7 +220,9 @@ class CrdtService:
 
     async def _pull_guarded(self, peer: str, run_id: bytes) -> None:
         try:
-            await self.pull(peer, run_id)
+            applied = await self.pull(peer, run_id)
+            if self.schedule is not None:
+                self.schedule.pulled(applied)
         except (DialError, ProtocolError, trio.BrokenResourceError, trio.ClosedResourceError, EOFError) as error:
             self._sync_errors.inc(code=getattr(error, "code", type(error).__name__))
             logger.debug("sync of %s with %s failed: %s", short_run_id(run_id), peer, error)

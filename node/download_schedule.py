@@ -21,9 +21,17 @@ trio layer (`checkpoint_download`) runs a few workers per provider, each asks
   long path would drift into unequal windows and a download from k of them
   fell well short of k times one (netsim `checkpoint`). The rate (bytes/s,
   smoothed) is kept for display.
-* **Endgame.** When the queue is empty, an idle provider may duplicate a chunk
-  that one other provider is still fetching; the first verified copy wins,
-  the later answer is ignored. A vanished provider cannot hold the tail back.
+* **Endgame.** When the queue is empty, a provider that has finished its own
+  work (every chunk still in flight there is also in flight elsewhere) may
+  duplicate a chunk that one other provider is still fetching: the one at the
+  provider with the most work left, assigned last there (it will arrive
+  last). A copy never goes to a provider with work of its own, where it
+  would share the uplink with, and so delay, chunks nobody else is fetching
+  (netsim `checkpoint`: copies taken as soon as a window slot opened made
+  the tail of a 4-provider download 20% longer). The first verified copy
+  wins; `holders(index)` then names the providers still fetching it, whose
+  requests the trio layer cancels (`SUPERSEDED`): their uplinks are needed
+  for other chunks. A vanished provider cannot hold the tail back.
 * **Liars lose.** A chunk that fails its hash check is a *strike* for the
   provider, goes back to the front of the queue, and is never asked of that
   provider again; after `max_strikes` strikes the provider is dropped from
@@ -46,6 +54,7 @@ Chunk transitions (a chunk is queued, in flight at one or more providers, or sto
     failed      in flight   queued (front)             window halved; dropped after max_failures in a row
     busy        in flight   queued (front)             window halved; dropped after max_busy in a row
     not-found   in flight   queued (front), excluded   none
+    superseded  stored      stored                     none (another copy was stored first)
     (any)       stored      stored                     a late endgame copy: ignored
 
 (a chunk still in flight at another provider stays in flight instead of being queued).
@@ -64,6 +73,7 @@ class Outcome(enum.Enum):
     FAILED = "failed"  # timeout, broken stream, unreachable provider
     BUSY = "busy"  # the provider is at its upload limit
     NOT_FOUND = "not-found"  # the provider does not have it
+    SUPERSEDED = "superseded"  # cancelled: another provider's copy was stored first
 
 
 class _Chunk(enum.Enum):
@@ -116,6 +126,8 @@ class DownloadSchedule:
     _queue: deque[int] = field(init=False)
     _state: dict[int, _Chunk] = field(init=False)
     _holders: dict[int, set[str]] = field(init=False)  # chunk -> providers it is in flight at
+    _flying: dict[int, int] = field(init=False)  # chunk in flight -> when it was last assigned (a count)
+    _assignments: int = field(init=False, default=0)
     _excluded: dict[int, set[str]] = field(init=False)
     peers: dict[str, ProviderState] = field(init=False)
     stored: int = field(init=False, default=0)
@@ -126,6 +138,7 @@ class DownloadSchedule:
         self._queue = deque(sorted(self.wanted))
         self._state = {index: _Chunk.QUEUED for index in self.wanted}
         self._holders = {index: set() for index in self.wanted}
+        self._flying = {}
         self._excluded = {index: set() for index in self.wanted}
         self.peers = {peer: ProviderState(peer, cap=self.max_window) for peer in dict.fromkeys(self.providers)}
 
@@ -158,6 +171,10 @@ class DownloadSchedule:
             for index, state in self._state.items()
         )
 
+    def holders(self, index: int) -> frozenset[str]:
+        """The providers chunk `index` is in flight at (after it was stored: copies the trio layer may cancel)."""
+        return frozenset(self._holders[index])
+
     def window(self, peer_id: str) -> int:
         """How many requests `peer_id` may have in flight: its AIMD cap (1 to `max_window`)."""
         return self.peers[peer_id].cap
@@ -175,6 +192,8 @@ class DownloadSchedule:
         if index is not None:
             self._state[index] = _Chunk.IN_FLIGHT
             self._holders[index].add(peer_id)
+            self._assignments += 1
+            self._flying[index] = self._assignments
             peer.in_flight += 1
         return index
 
@@ -184,6 +203,8 @@ class DownloadSchedule:
         if peer_id not in self._holders[index]:
             raise ValueError(f"chunk {index} is not in flight at {peer_id}")
         self._holders[index].discard(peer_id)
+        if not self._holders[index]:
+            del self._flying[index]
         concurrent = peer.in_flight  # this request and the ones sharing the provider's uplink with it
         peer.in_flight -= 1
         before = self._state[index]
@@ -201,6 +222,8 @@ class DownloadSchedule:
 
     def _update_peer(self, peer: ProviderState, outcome: Outcome, sample_bytes: int, seconds: float) -> None:
         """`sample_bytes`: the chunk's bytes times the requests in flight at the provider (see `rate`)."""
+        if outcome is Outcome.SUPERSEDED:
+            return  # cancelled by us, not a sign of how the provider does
         peer.busy_in_a_row = peer.busy_in_a_row + 1 if outcome is Outcome.BUSY else 0
         if outcome is Outcome.STORED:
             peer.stored += 1
@@ -233,12 +256,20 @@ class DownloadSchedule:
         return None
 
     def _endgame_copy(self, peer_id: str) -> int | None:
-        """With the queue empty: a chunk in flight at exactly one other provider that `peer_id` may serve."""
-        if any(state is _Chunk.QUEUED for state in self._state.values()):
+        """With the queue empty and `peer_id` done with its own work: the chunk in flight at exactly one
+        other provider that will arrive last (that provider has the most chunks of its own in flight,
+        and of those it was assigned last), among the ones `peer_id` may serve."""
+        if self._queue:  # queued chunks (even ones `peer_id` may not serve) come first
             return None
-        for index, holders in self._holders.items():
-            if self._state[index] is not _Chunk.IN_FLIGHT or peer_id in self._excluded[index]:
-                continue
-            if len(holders) == 1 and peer_id not in holders:
-                return index
-        return None
+        alone = [  # chunks wanted still, in flight at one provider only
+            index for index in self._flying if self._state[index] is _Chunk.IN_FLIGHT and len(self._holders[index]) == 1
+        ]
+        own_work = {peer: 0 for peer in self.peers}
+        for index in alone:
+            own_work[next(iter(self._holders[index]))] += 1
+        if own_work[peer_id]:
+            return None
+        candidates = [index for index in alone if peer_id not in self._holders[index] | self._excluded[index]]
+        return max(
+            candidates, key=lambda index: (own_work[next(iter(self._holders[index]))], self._flying[index]), default=None
+        )

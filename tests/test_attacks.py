@@ -55,6 +55,37 @@ def test_alie_is_mean_minus_z_std():
     np.testing.assert_allclose(fixed, honest.mean(0) - 1.5 * honest.std(0, ddof=1), rtol=1e-5)
 
 
+@pytest.mark.parametrize("workers, byzantine, z", [(8, 1, 0.0), (8, 2, 0.318639), (9, 3, 0.764710), (50, 12, 0.582842)])
+def test_alie_z_max_follows_baruch_et_al(workers, byzantine, z):
+    # s = floor(n/2 + 1) − f supporters, z = Φ⁻¹((n − s)/n): Φ⁻¹(1/2), Φ⁻¹(5/8), Φ⁻¹(7/9), Φ⁻¹(36/50)
+    assert alie_z(workers, byzantine) == pytest.approx(z, abs=1e-6)
+
+
+@pytest.mark.parametrize("workers, byzantine", [(8, 0), (8, 5), (9, 8)])
+def test_alie_z_max_is_undefined_without_attackers_or_past_half(workers, byzantine):
+    with pytest.raises(ValueError, match="z_max"):
+        alie_z(workers, byzantine)
+
+
+def test_alie_moves_the_mean_by_f_over_n_z_sigma():
+    view = _view(workers=8, byzantine=2)
+    honest = _honest(view)
+    sent = attacks.alie(z=16.0)(view).astype(np.float64)
+    mean_with_attackers = (honest.sum(0) + 2 * sent) / 8
+    np.testing.assert_allclose(mean_with_attackers, honest.mean(0) - (2 / 8) * 16 * honest.std(0, ddof=1), rtol=1e-4)
+
+
+@pytest.mark.parametrize("z", [-1.0, float("nan"), float("inf")])
+def test_alie_refuses_a_negative_or_non_finite_z(z):
+    with pytest.raises(ValueError, match="finite z >= 0"):
+        attacks.alie(z)
+
+
+def test_alie_needs_two_honest_deltas():
+    with pytest.raises(ValueError, match="two honest"):
+        attacks.alie()(_view(workers=3, byzantine=2))
+
+
 def test_gaussian_is_zero_mean_noise_scaled_to_the_honest_rms():
     view = _view()
     sent = get_attack("gaussian")(view)
@@ -94,14 +125,17 @@ def test_unknown_attack():
         get_attack("polite")
 
 
-def _run(aggregator: str, attack: str):
+def _run(aggregator: str, attack: str | attacks.Attack | None):
     torch.set_num_threads(1)
     task = get_task("synthetic-lm", TINY_TASK)
     config = DiLoCoConfig(
         workers=5, rounds=2, inner_steps=8, inner=InnerConfig(lr=1e-2, batch_size=8),
         aggregator=aggregator,
     )
-    return simulate_diloco(task, config, byzantine={4: get_attack(attack)}), task
+    if attack is None:
+        return simulate_diloco(task, config), task
+    made = get_attack(attack) if isinstance(attack, str) else attack
+    return simulate_diloco(task, config, byzantine={4: made}), task
 
 
 def test_in_a_run_nan_is_rejected_and_sign_flip_x100_breaks_mean_not_centered_clip():
@@ -113,3 +147,14 @@ def test_in_a_run_nan_is_rejected_and_sign_flip_x100_breaks_mean_not_centered_cl
     robust, _ = _run("centered_clip", "sign_flip_x100")
     assert robust.loss < initial - 0.1
     assert broken.loss > initial + 0.5
+
+
+def test_in_a_run_alie_at_a_large_z_undoes_training_with_mean_not_with_centered_clip():
+    # One attacker of five at z = 64 pulls the mean 12.8 honest standard deviations along −σ.
+    broken, task = _run("mean", attacks.alie(64.0))
+    initial = task.evaluate(task.build_model(0))["loss"]
+    robust, _ = _run("centered_clip", attacks.alie(64.0))
+    clean, _ = _run("centered_clip", None)
+    assert clean.loss < initial - 0.5  # training works here ...
+    assert broken.loss > initial  # ... and the attack on the mean undoes all of it
+    assert robust.loss < clean.loss * 1.01
