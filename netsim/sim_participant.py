@@ -79,8 +79,9 @@ class SimParticipant:
 
     # --- one round ------------------------------------------------------------------------------
 
-    def train(self) -> Contribution:
-        """A deterministic payload for (our key, round); costs inner_steps x step_seconds."""
+    def train(self, stop: Callable[[], bool] | None = None) -> Contribution:
+        """A deterministic payload for (our key, round); costs inner_steps x step_seconds (all of
+        it: `stop` is not asked, the modelled steps are taken as one)."""
         seconds = self.settings.inner_steps * self.cost.step_seconds
         self.pending_seconds = seconds
         seed = hashlib.sha256(b"payload" + self.key + self.round.to_bytes(8, "big")).digest()

@@ -29,6 +29,12 @@ of the newest certified round c takes part in round c + 1:
 6. when the round is certified it moves on if its hash is the certified one, and otherwise
    *syncs*: it downloads the certified checkpoint. A peer that finds the run ahead of it (a late
    joiner, a peer that was cut off, one whose round was certified without it) syncs the same way.
+   A peer whose round was certified while it still trained or collected, and which holds (or is
+   fetching) every payload of a proposal of that round, *replays* it instead: it stops training,
+   waits for those fetches and aggregates that set itself (seconds of CPU instead of a whole
+   state over the network, which made a slow peer late for the next round too, round after
+   round). The result must hash to the certified hash; if it does not, or a fetch fails, it
+   syncs. A peer still aggregating when its round is certified finishes and compares the same way.
 
 Nothing here touches the network, the disk or the clock. The service (`round_service.py`) feeds
 in `Observation`s (what the CRDT says now, and the time) and the completions of the work the
@@ -63,6 +69,7 @@ class Phase(enum.Enum):
     TRAIN = "train"  # inner steps under way
     COLLECT = "collect"  # committed; waiting for the cutoff and the others' payloads
     PROPOSE = "propose"  # cut off; waiting for the round's proposal and the payloads it names
+    REPLAY = "replay"  # our round was certified without us: fetching the rest of a proposal to rebuild it
     AGGREGATE = "aggregate"  # outer step under way
     VOTED = "voted"  # waiting for the round's certificate
     SYNC = "sync"  # fetching the certified state
@@ -81,6 +88,7 @@ class Observation:
     electorate: frozenset[Author]  # peers eligible for round certified + 1
     commits: dict[Author, tuple[PayloadId, int]]  # round certified + 1: author -> (payload ID, size)
     proposals: dict[Author, tuple[Author, ...]] = field(default_factory=dict)  # round certified + 1
+    certified_proposals: dict[Author, tuple[Author, ...]] = field(default_factory=dict)  # round certified
 
 
 @dataclass(frozen=True)
@@ -151,6 +159,7 @@ class StartAggregate:
     round: int
     authors: tuple[Author, ...]  # whose payloads to aggregate (ours included), sorted
     last_commit: float = 0.0  # when the last of their commits was seen (for the exchange timing)
+    replay: bool = False  # a round certified without us, aggregated to adopt its state
 
 
 @dataclass(frozen=True)
@@ -163,6 +172,13 @@ class PublishVote:
 class StartSync:
     round: int
     state_hash: bytes
+
+
+@dataclass(frozen=True)
+class StopTraining:
+    """Stop the inner steps of `round` (keep its fetches): the round is being replayed."""
+
+    round: int
 
 
 @dataclass(frozen=True)
@@ -182,7 +198,10 @@ class RoundDone:
     synced: bool
 
 
-Action = Union[StartTraining, PublishCommit, Fetch, PublishProposal, StartAggregate, PublishVote, StartSync, Discard, RoundDone]
+Action = Union[
+    StartTraining, PublishCommit, Fetch, PublishProposal, StartAggregate, PublishVote, StartSync, StopTraining, Discard,
+    RoundDone,
+]
 
 
 # --- the machine -----------------------------------------------------------------------------------
@@ -216,6 +235,7 @@ class _Round:
     own_set: tuple[Author, ...] = ()  # what we would propose
     chosen: tuple[Author, ...] | None = None  # the proposal we follow
     last_commit: float = 0.0
+    replay: bool = False  # aggregating a round certified without us, to adopt its state (no vote)
 
     @property
     def first_seen(self) -> float | None:
@@ -269,6 +289,12 @@ class RoundMachine:
             return [done, *self._idle_observe(seen)]
         if self.phase is Phase.SYNC and self.current is not None and self.current.number == seen.certified:
             return None  # already syncing to it
+        if seen.certified == working and self.phase in (Phase.AGGREGATE, Phase.REPLAY):
+            return None  # `_aggregated` compares our result with the certified hash
+        if seen.certified == working and self.phase in (Phase.TRAIN, Phase.COLLECT, Phase.PROPOSE):
+            replay = self._replay_set(seen)
+            if replay is not None:
+                return self._start_replay(replay)
         actions: list[Action] = [] if working is None else [Discard(working)]
         assert seen.certified_hash is not None, "a certified round past 0 has a hash"
         self.phase, self.current = Phase.SYNC, _Round(seen.certified, seen.now)
@@ -321,9 +347,24 @@ class RoundMachine:
         return []
 
     def _aggregated(self, done: Aggregated) -> list[Action]:
+        seen = self.last
+        if seen is not None and seen.certified == done.round:
+            return self._compare_with_certificate(done, seen)
         self.phase = Phase.VOTED
         self.voted_hash = done.state_hash
         return [] if done.state_hash is None else [PublishVote(done.round, done.state_hash)]
+
+    def _compare_with_certificate(self, done: Aggregated, seen: Observation) -> list[Action]:
+        """The round was certified while we aggregated (or replayed it): adopt our result if it is
+        the certified state, else sync to that state. No vote: the certificate needs none."""
+        work = self.current
+        if done.state_hash is not None and done.state_hash == seen.certified_hash:
+            contributors = len(work.chosen or ())
+            self._adopt(done.round, done.state_hash)
+            return [RoundDone(done.round, done.state_hash, contributors, synced=work.replay), *self._idle_observe(seen)]
+        assert seen.certified_hash is not None, "a certified round past 0 has a hash"
+        self.phase, self.current = Phase.SYNC, _Round(seen.certified, seen.now)
+        return [StartSync(seen.certified, seen.certified_hash)]
 
     def _synced(self, done: Synced) -> list[Action]:
         if done.state_hash is None:
@@ -332,6 +373,43 @@ class RoundMachine:
         self._adopt(done.round, done.state_hash)
         actions: list[Action] = [RoundDone(done.round, done.state_hash, 0, synced=True)]
         return actions + (self._idle_observe(self.last) if self.last is not None else [])
+
+    # --- replaying a round certified without us ----------------------------------------------------
+
+    def _replay_set(self, seen: Observation) -> tuple[Author, ...] | None:
+        """The first proposal of the certified round, in proposer order, whose payloads we hold
+        or are fetching (ours only if we committed it); None if there is none."""
+        work = self.current
+        ours = {self.me} if work.committed_at is not None else set()
+        coming = work.fetched | (set(work.arrivals) - work.failed)
+        for proposer in proposer_order(work.number, set(seen.certified_proposals)):
+            authors = seen.certified_proposals[proposer]
+            if set(authors) <= coming | ours:
+                return authors
+        return None
+
+    def _start_replay(self, authors: tuple[Author, ...]) -> list[Action]:
+        work = self.current
+        work.chosen, work.replay, self.phase = authors, True, Phase.REPLAY
+        return [StopTraining(work.number), *self._replay_if_ready()]
+
+    def _replay_fetched(self, done: Fetched) -> list[Action]:
+        """A payload arrived (or failed) while we wait to replay: replay once the set is in; a
+        failure means the set cannot be rebuilt here, so sync."""
+        work, seen = self.current, self.last
+        if not done.ok and done.author in work.chosen:
+            self.phase, self.current = Phase.SYNC, _Round(seen.certified, seen.now)
+            return [Discard(work.number), StartSync(seen.certified, seen.certified_hash)]
+        if done.ok:
+            work.fetched.add(done.author)
+        return self._replay_if_ready()
+
+    def _replay_if_ready(self) -> list[Action]:
+        work = self.current
+        if not set(work.chosen) - {self.me} <= work.fetched:
+            return []
+        self.phase = Phase.AGGREGATE
+        return [StartAggregate(work.number, work.chosen, work.last_commit, replay=True)]
 
     # --- helpers ----------------------------------------------------------------------------------
 
@@ -445,6 +523,7 @@ TRANSITIONS: dict[tuple[Phase, type], Handler] = {
     (Phase.TRAIN, Fetched): RoundMachine._fetched,
     (Phase.COLLECT, Fetched): RoundMachine._fetched,
     (Phase.PROPOSE, Fetched): RoundMachine._fetched,
+    (Phase.REPLAY, Fetched): RoundMachine._replay_fetched,
     (Phase.AGGREGATE, Aggregated): RoundMachine._aggregated,
     (Phase.SYNC, Synced): RoundMachine._synced,
 }

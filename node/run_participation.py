@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -89,9 +90,15 @@ class _Work:
     aggregate_seconds: float | None = None
     fetches: list[trio.CancelScope] = field(default_factory=list)
     tasks: list[trio.CancelScope] = field(default_factory=list)  # training, aggregation
+    # Set to stop the inner steps at the next step: a cancelled thread cannot be interrupted, and
+    # the compute lock it holds would keep a replay (or a sync's load) waiting for all H steps.
+    stop_training: threading.Event = field(default_factory=threading.Event)
 
-    def cancel(self, *, fetches_only: bool = False) -> None:
-        for scope in self.fetches if fetches_only else [*self.fetches, *self.tasks]:
+    def cancel(self, *, fetches_only: bool = False, training_only: bool = False) -> None:
+        """Cancel the fetches, or the tasks (training; aggregation only once it runs), or both."""
+        if not fetches_only:
+            self.stop_training.set()
+        for scope in [*(() if training_only else self.fetches), *(() if fetches_only else self.tasks)]:
             scope.cancel()
 
 
@@ -167,6 +174,7 @@ class RunParticipation:
             electorate=frozenset(self.replica.electorate(next_round)),
             commits=self.replica.commits(next_round),
             proposals=self.replica.proposals(next_round),
+            certified_proposals=self.replica.proposals(state.round) if state.round else {},
         )
 
     def status(self) -> dict[str, Any]:
@@ -211,6 +219,9 @@ class RunParticipation:
                 case rm.PublishProposal(round=r, authors=authors):
                     logger.info("round %d: proposing the set of %d payloads", r, len(authors))
                     self.crdt.write(self.run_id, "propose", round=r, authors=list(authors))
+                case rm.StartAggregate(round=r, authors=authors, last_commit=last_commit, replay=True):
+                    logger.info("round %d: certified without us; replaying its %d payloads", r, len(authors))
+                    self._start(self.work.tasks, self._aggregate, self.work, authors, last_commit)
                 case rm.StartAggregate(round=r, authors=authors, last_commit=last_commit):
                     logger.info("round %d: aggregating %d payloads, %.2f s after the last commit", r, len(authors),
                                 trio.current_time() - last_commit)
@@ -222,6 +233,8 @@ class RunParticipation:
                     for scope in self.syncs:
                         scope.cancel()
                     self._start(self.syncs, self._sync, r, state_hash)
+                case rm.StopTraining():
+                    self.work.cancel(training_only=True)
                 case rm.Discard():
                     if self.work is not None:
                         self.work.cancel()
@@ -248,7 +261,7 @@ class RunParticipation:
 
     async def _train(self, work: _Work) -> None:
         async with self._compute:
-            contribution = await self.compute(self.participant.train)
+            contribution = await self.compute(self.participant.train, work.stop_training.is_set)
             manifest = await self.offload(self._store_payload, work.round, contribution.payload)
         work.payload_id, work.payload_size = manifest.id, len(contribution.payload)
         work.train_loss = contribution.train_loss

@@ -538,3 +538,14 @@ def test_mutated_states_raise_only_checkpoint_errors(mutations):
     except CheckpointError:
         return
     assert sum(t.numel() * t.element_size() for t in tensors.values()) <= len(data)
+
+
+def test_the_fast_level_stores_the_same_state_uncompressed(tmp_path):
+    weights = {"theta": np.random.default_rng(5).standard_normal(300_000).astype(np.float32)}
+    meta = {"round": 2, "run": b""}
+    packed = ck.write_checkpoint(tmp_path / "packed", weights, meta, chunk_size=ck.MIN_CHUNK_SIZE)
+    fast = ck.write_checkpoint(tmp_path / "fast", weights, meta, chunk_size=ck.MIN_CHUNK_SIZE, level=ck.FAST_LEVEL)
+    assert fast.state_hash == packed.state_hash and fast.id != packed.id
+    assert sum(c.size for c in fast.chunks) >= fast.raw_size > sum(c.size for c in packed.chunks)
+    tensors, _ = ck.load_checkpoint(tmp_path / "fast", fast.id)
+    assert np.array_equal(tensors["theta"].numpy(), weights["theta"])

@@ -20,8 +20,9 @@ def _key_placed(position):
 ME = _key_placed(0)  # the first proposer of round 1 (most tests: proposing is then immediate)
 
 
-def seen(now, certified=0, certified_hash=None, electorate=(ME, A, B), commits=None, proposals=None):
-    return rm.Observation(now, certified, certified_hash, frozenset(electorate), dict(commits or {}), dict(proposals or {}))
+def seen(now, certified=0, certified_hash=None, electorate=(ME, A, B), commits=None, proposals=None, certified_proposals=None):
+    return rm.Observation(now, certified, certified_hash, frozenset(electorate), dict(commits or {}), dict(proposals or {}),
+                          dict(certified_proposals or {}))
 
 
 def kinds(actions):
@@ -107,6 +108,75 @@ def test_a_round_certified_with_another_hash_makes_the_peer_sync():
     actions = machine.handle(rm.Synced(1, H2, 11.0))
     assert actions[0] == rm.RoundDone(1, H2, 0, synced=True)
     assert machine.state_hash == H2
+
+
+def training_machine_holding(*fetched, fetching=()):
+    """A machine still training round 1 that has fetched the payloads of `fetched` and is
+    fetching those of `fetching`."""
+    machine = rm.RoundMachine(ME)
+    machine.handle(seen(0.0))
+    machine.handle(seen(1.0, commits={author: (author[:1] * 32, 10) for author in (*fetched, *fetching)}))
+    for author in fetched:
+        machine.handle(rm.Fetched(1, author, True, 1.5))
+    return machine
+
+
+def test_a_round_certified_while_we_train_is_replayed_from_the_payloads_we_hold():
+    machine = training_machine_holding(A, B)
+    actions = machine.handle(seen(2.0, certified=1, certified_hash=H1, certified_proposals={A: (A, B)}))
+    assert actions == [rm.StopTraining(1), rm.StartAggregate(1, (A, B), 0.0, replay=True)]
+    assert machine.handle(rm.Trained(1, b"p" * 32, 100, 1.0, 2.1)) == []  # the cancelled training
+    actions = machine.handle(rm.Aggregated(1, H1, 2.5))
+    assert actions[0] == rm.RoundDone(1, H1, 2, synced=True)  # adopted: no vote, no download
+    assert actions[1] == rm.StartTraining(2)
+    assert machine.state_round == 1 and machine.state_hash == H1
+
+
+def test_a_replay_that_misses_the_certified_hash_falls_back_to_a_sync():
+    machine = training_machine_holding(A, B)
+    machine.handle(seen(2.0, certified=1, certified_hash=H1, certified_proposals={A: (A, B)}))
+    assert machine.handle(rm.Aggregated(1, H2, 2.5)) == [rm.StartSync(1, H1)]
+    assert machine.phase is rm.Phase.SYNC and machine.state_round == 0
+
+
+def test_no_replay_without_every_payload_of_a_proposal():
+    machine = training_machine_holding(A)
+    proposals = {A: (A, B), B: (ME, A)}  # B never committed to us; our own payload was never committed
+    actions = machine.handle(seen(2.0, certified=1, certified_hash=H1, certified_proposals=proposals))
+    assert actions == [rm.Discard(1), rm.StartSync(1, H1)]
+
+
+def test_a_replay_waits_for_the_fetches_still_under_way():
+    machine = training_machine_holding(A, fetching=(B,))
+    actions = machine.handle(seen(2.0, certified=1, certified_hash=H1, certified_proposals={A: (A, B)}))
+    assert actions == [rm.StopTraining(1)] and machine.phase is rm.Phase.REPLAY
+    assert machine.handle(seen(2.2, certified=1, certified_hash=H1, certified_proposals={A: (A, B)})) == []
+    assert machine.handle(rm.Fetched(1, B, True, 2.4)) == [rm.StartAggregate(1, (A, B), 0.0, replay=True)]
+
+
+def test_a_replay_whose_fetch_fails_syncs():
+    machine = training_machine_holding(A, fetching=(B,))
+    machine.handle(seen(2.0, certified=1, certified_hash=H1, certified_proposals={A: (A, B)}))
+    assert machine.handle(rm.Fetched(1, B, False, 2.4)) == [rm.Discard(1), rm.StartSync(1, H1)]
+
+
+def test_the_replay_takes_the_first_proposal_in_proposer_order_that_we_can_rebuild():
+    machine = training_machine_holding(A, B)
+    proposals = {A: (A, B), B: (B,), ME: (A,)}
+    first = next(p for p in rm.proposer_order(1, set(proposals)) if set(proposals[p]) <= {A, B})
+    actions = machine.handle(seen(2.0, certified=1, certified_hash=H1, certified_proposals=proposals))
+    assert actions[1] == rm.StartAggregate(1, proposals[first], 0.0, replay=True)
+
+
+def test_a_round_certified_while_we_aggregate_is_adopted_when_our_result_matches():
+    machine, _ = trained_machine()
+    machine.handle(seen(10.1, commits={A: (b"pa" * 16, 10), B: (b"pb" * 16, 10)}))
+    machine.handle(rm.Fetched(1, A, True, 10.2))
+    machine.handle(rm.Fetched(1, B, True, 10.3))
+    assert machine.phase is rm.Phase.AGGREGATE
+    assert machine.handle(seen(10.4, certified=1, certified_hash=H1)) == []  # no discard: let it finish
+    actions = machine.handle(rm.Aggregated(1, H1, 10.6))
+    assert actions[0] == rm.RoundDone(1, H1, 3, synced=False) and actions[1] == rm.StartTraining(2)
 
 
 def test_a_failed_sync_is_tried_again_after_a_pause():

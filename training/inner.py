@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import torch
@@ -90,10 +91,11 @@ class Worker:
         self.steps_done = 0  # across rounds: picks the data shard and the lr schedule
 
     def run_round(
-        self, theta: np.ndarray, steps: int | None = None, seconds: float | None = None
+        self, theta: np.ndarray, steps: int | None = None, seconds: float | None = None,
+        stop: Callable[[], bool] | None = None,
     ) -> InnerResult:
-        """Train from `theta` for `steps` inner steps, or until `seconds` have passed (at least one
-        step), whichever comes first; return Δ = theta − θ_i."""
+        """Train from `theta` for `steps` inner steps, or until `seconds` have passed, or until
+        `stop()` says yes (each at least one step), whichever comes first; return Δ = theta − θ_i."""
         if steps is None and seconds is None:
             raise ValueError("give an inner step count, a time budget, or both")
         unflatten_into(self.model, theta)
@@ -112,6 +114,8 @@ class Worker:
             if steps is not None and len(losses) >= steps:
                 break
             if seconds is not None and time.monotonic() - started >= seconds:
+                break
+            if stop is not None and stop():
                 break
         delta = np.subtract(theta, flatten(self.model), dtype=np.float32)
         return InnerResult(delta, len(losses), float(np.mean(losses)), time.monotonic() - started)

@@ -22,12 +22,12 @@ from __future__ import annotations
 import hashlib
 import os
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
 from .attacks import AttackView, get_attack
-from .checkpoint import Manifest, load_checkpoint, manifest_path, read_manifest, state_digest, write_checkpoint
+from .checkpoint import FAST_LEVEL, Manifest, load_checkpoint, manifest_path, read_manifest, state_digest, write_checkpoint
 from .codec import Encoder, non_finite_payload
 from .flat import flatten, unflatten_into
 from .inner import InnerConfig, Worker
@@ -102,8 +102,8 @@ class StateSnapshot:
     round: int
 
     def save(self, directory: str | os.PathLike, run: bytes) -> Manifest:
-        """Write it as the checkpoint of round `round` of run `run`."""
-        return write_checkpoint(directory, self.tensors, {"round": self.round, "run": run})
+        """Write it as the checkpoint of round `round` of run `run` (uncompressed chunks: see FAST_LEVEL)."""
+        return write_checkpoint(directory, self.tensors, {"round": self.round, "run": run}, level=FAST_LEVEL)
 
 
 def peer_index(key: bytes) -> int:
@@ -149,9 +149,11 @@ class Participant:
 
     # --- one round ------------------------------------------------------------------------------
 
-    def train(self) -> Contribution:
-        """H inner steps from θ_r; the encoded pseudo-gradient (or, for a test adversary, its attack)."""
-        result = self.worker.run_round(self.outer.theta, self.settings.inner_steps)
+    def train(self, stop: Callable[[], bool] | None = None) -> Contribution:
+        """H inner steps from θ_r; the encoded pseudo-gradient (or, for a test adversary, its attack).
+        `stop` is asked after each step: once it says yes, training ends early (the result is then
+        one the caller discards)."""
+        result = self.worker.run_round(self.outer.theta, self.settings.inner_steps, stop=stop)
         if self.attack is None:
             payload = self.encoder.encode(result.delta)
         else:
