@@ -28,7 +28,7 @@ import numpy as np
 
 from .attacks import AttackView, get_attack
 from .checkpoint import FAST_LEVEL, Manifest, load_checkpoint, manifest_path, read_manifest, state_digest, write_checkpoint
-from .codec import Encoder, non_finite_payload
+from .codec import Encoder, decode, non_finite_payload
 from .flat import flatten, unflatten_into
 from .inner import InnerConfig, Worker
 from .outer import OuterConfig, OuterResult, OuterStep
@@ -131,10 +131,14 @@ class Participant:
             task, model_seed, run_seed, peer_index(key),
             InnerConfig(lr=settings.inner_lr, batch_size=settings.batch_size),
         )
+        self.key = key
         self.encoder = Encoder(settings.codec, error_feedback=settings.codec != "fp32")
         self.outer = OuterStep(flatten(self.worker.model), settings.outer_config())
         self.round = 0  # θ is the state after this many certified rounds
         self.attack = None if attack is None else get_attack(attack)
+        # A test adversary's view of the others: their Δs of the last round it aggregated (a peer
+        # sees the others' payloads only after they commit, so its attack lags them by a round).
+        self.others_last_round: list[np.ndarray] = []
 
     @classmethod
     def for_run(cls, genesis_body: Mapping[str, Any], key: bytes, attack: str | None = None) -> Participant:
@@ -163,6 +167,8 @@ class Participant:
     def aggregate(self, payloads: Mapping[bytes, bytes]) -> OuterResult:
         """The outer step over this round's payloads by author key: θ_{r+1}. Raises like `OuterStep.step`."""
         result = self.outer.step(payloads, bucket_seed=self.round.to_bytes(8, "big"))
+        if self.attack is not None:
+            self.others_last_round = self._decode_others(payloads, result.accepted)
         self.round += 1
         return result
 
@@ -215,11 +221,24 @@ class Participant:
         self.round = metadata["round"]
         return read_manifest(manifest_path(directory, checkpoint_id).read_bytes())
 
+    def _decode_others(self, payloads: Mapping[bytes, bytes], authors: list[bytes]) -> list[np.ndarray]:
+        """The Δs of the round's valid contributions other than ours (what an attack estimates from)."""
+        config = self.outer.config
+        block = None if config.codec == "fp32" else config.block_size
+        return [decode(payloads[author], self.outer.numel, modes=(config.codec,), block_size=block)
+                for author in authors if author != self.key]
+
     def _attack_payload(self, delta: np.ndarray) -> bytes:
+        honest = [delta, *self.others_last_round]
         view = AttackView(
-            round_index=self.round, honest_deltas=[delta], past_honest_payloads=[], workers=1, byzantine=1,
+            round_index=self.round, honest_deltas=honest, past_honest_payloads=[], workers=len(honest), byzantine=1,
             rng=np.random.default_rng(self.round),
             encode_non_finite=lambda value, numel: non_finite_payload(self.settings.codec, value, numel),
         )
-        attacked = self.attack(view)
+        try:
+            attacked = self.attack(view)
+        except ValueError:
+            if len(honest) >= 2:
+                raise
+            return self.encoder.encode(delta)  # an attack that needs the others' spread (ALIE) waits to see them
         return attacked if isinstance(attacked, bytes) else Encoder(self.settings.codec, error_feedback=False).encode(attacked)
