@@ -2,8 +2,8 @@
 
 One task per bootstrap address (`keep_connected`). It dials with a timeout;
 while the peer stays connected it only checks every `CHECK_INTERVAL` seconds;
-when a dial fails or the connection drops it waits `Backoff.next_delay()`
-before the next dial. Delays double from `base` up to `cap`, and each is
+when a dial fails, or returns without the peer showing as connected, it waits
+`Backoff.next_delay()` before the next dial. Delays double from `base` up to `cap`, and each is
 drawn uniformly from [delay/2, delay] ("equal jitter") so that many nodes
 restarted together do not dial in lockstep. The random source is passed in:
 the daemon uses the OS's, tests and the simulator a seeded one.
@@ -64,12 +64,21 @@ async def keep_connected(
         try:
             with trio.fail_after(dial_timeout):
                 await dial(address)
-            logger.info("connected to bootstrap peer %s", address)
-            backoff.reset()
         except Exception as error:  # noqa: BLE001 - any dial failure means: try again later
             delay = backoff.next_delay()
             logger.info("bootstrap dial to %s failed (%s); retrying in %.1f s", address, _describe(error), delay)
             await trio.sleep(delay)
+            continue
+        if is_connected():
+            logger.info("connected to bootstrap peer %s", address)
+            backoff.reset()
+            continue
+        # The dial returned, yet the peer does not show as connected (py-libp2p can hand back a
+        # connection that is closing). Without a pause this loop dialled back to back and held a
+        # daemon's event loop at 100% CPU, its RPC unanswered, for good (seen with 8 daemons).
+        delay = backoff.next_delay()
+        logger.info("bootstrap peer %s dialled but not connected; retrying in %.1f s", address, delay)
+        await trio.sleep(delay)
 
 
 def _describe(error: BaseException) -> str:
