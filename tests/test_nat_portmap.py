@@ -534,3 +534,16 @@ def test_status_shows_the_mapping_or_why_none_and_the_flag_turns_it_off(tmp_path
     (tmp_path / "config.toml").write_text('port_mapping = "sometimes"\n')
     with pytest.raises(ConfigError, match="port_mapping"):
         load_config(data_dir=tmp_path, environ={})
+
+
+def test_every_address_a_dialback_proved_goes_into_the_peer_record():
+    """A port-preserving NAT or a port forward: the dial-back proves <public ip>:<listen port> and the
+    node turns public, reserving no relay. That address must then be in its peer record (the relay
+    service's extra addresses), or nobody could reach it."""
+    from locomesh.node.nat.services import nat_services
+
+    reach, _mapper, relay = nat_services(relay="auto", nat_traversal="on", discovery=lambda: None, port_mapping="off")
+    assert relay._extra_addrs() == []
+    probe = reach.tracker.start_probe(b"n" * 16, "helper", ["/ip4/10.0.0.2/tcp/4001"])
+    assert reach.tracker.on_dialback(b"n" * 16, "/ip4/198.51.100.7/tcp/4001", "dialer", opened_at=probe.sent_at)
+    assert relay._extra_addrs() == ["/ip4/198.51.100.7/tcp/4001"]

@@ -140,7 +140,9 @@ class _Run:
         node = self.sim.add_node(name, nat=box, profile=LinkProfile(latency=latency))
         rng = self.sim.rng_for(f"reach/{name}")
         reach = ReachabilityService(clock=clock.wall, libp2p_clock=clock.wall, rng=rng, nonces=rng.randbytes)
-        relay = RelayService(lambda: reach.verdict, mode=relay_mode)
+        # As the daemon wires it (node/nat/services.py), less the gateway port mapper: addresses a
+        # dial-back proved go into the peer record.
+        relay = RelayService(lambda: reach.verdict, mode=relay_mode, extra_addrs=reach.tracker.confirmed_addrs)
         node.services = [reach, relay]
         return _Member(node, nat_type, reach, relay)
 
@@ -188,7 +190,8 @@ class _Run:
         node = target.sim_node.node
         if node is None or pair.dialer.sim_node.node is None:
             return
-        record = [str(address) for address in node.host.get_transport_addrs()] + target.relay.relay_addrs()
+        addrs, relay_addrs = target.relay.record_addrs()  # what its DHT peer record says
+        record = addrs + relay_addrs
         started = trio.current_time()
         try:
             kind = await pair.dialer.relay.connect(str(target.sim_node.peer_id), record)

@@ -233,14 +233,19 @@ class RelayService:
                 found.append(f"{address}/p2p/{relay}/p2p-circuit/p2p/{node.peer_id}")
         return found
 
+    def record_addrs(self) -> tuple[list[str], list[str]]:
+        """What our peer record says: (our plain addresses, our relay addresses). The plain ones are
+        where we listen plus every address a dial-back proved (`extra_addrs`)."""
+        node = self._require_node()
+        listen = [str(address) for address in node.host.get_transport_addrs()]
+        return listen + [a for a in self._extra_addrs() if a not in listen], self.relay_addrs()
+
     async def _publish_relay_addrs(self) -> None:
         wanted = (tuple(self._extra_addrs()), tuple(self.relay_addrs()))
-        extra_addrs, relay_addrs = wanted
         discovery = self._discovery()
         if wanted == self._published or discovery is None:
             return
-        node = self._require_node()
-        addrs = [str(address) for address in node.host.get_transport_addrs()] + list(extra_addrs)
+        addrs, relay_addrs = self.record_addrs()
         try:
             with trio.move_on_after(CONNECT_TIMEOUT * 3):
                 await discovery.publish_peer_record(addrs, relay_addrs)

@@ -20,7 +20,10 @@ def nat_services(
     gateway alone; `discovery` returns the node's `Discovery` (or None before
     it runs), where our peer record (mapped and relay addresses) is published.
     The reachability check also tries the mapped address, which is advertised
-    only once a dial-back proves it.
+    only once a dial-back proves it. Every address a dial-back proved (a mapped
+    one, or the observed one of a port-preserving NAT or a port forward) goes
+    into the peer record: a node found public at such an address reserves no
+    relay, so without it nobody could reach it.
     """
     mapper = PortMappingService(
         lambda: reach.verdict,
@@ -36,6 +39,10 @@ def nat_services(
         reservations=2 if traversal else 0,
         hole_punch=traversal,
         discovery=discovery,
-        extra_addrs=mapper.advertised_addrs,
+        extra_addrs=lambda: _unique(mapper.advertised_addrs() + reach.tracker.confirmed_addrs()),
     )
     return [reach, mapper, relay_service]
+
+
+def _unique(addrs: list[str]) -> list[str]:
+    return list(dict.fromkeys(addrs))
