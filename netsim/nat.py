@@ -21,10 +21,15 @@ the remote endpoint the NAT remembers. The whole NAT is then two dictionaries
 node behind the box opens a connection and `inbound` when a connection
 attempt arrives at the box's public address.
 
+Public ports: an endpoint-independent box *preserves the port* (the public
+port is the inside port while no other inside endpoint holds it), as Linux
+masquerade and most home routers do, and as libp2p's hole puncher assumes when
+it advertises <observed ip>:<listen port>; a taken port, and every flow of a
+symmetric box, gets the next port in sequence from `FIRST_PUBLIC_PORT`, so a
+symmetric NAT's next port is predictable only by counting.
+
 Simplifications, on purpose: mappings live as long as the box (no idle
-timeout; a crash of the box, `reset`, forgets them); public ports are handed
-out in sequence from `FIRST_PUBLIC_PORT` (no port preservation), so a
-symmetric NAT's next port is predictable only by counting; no hairpinning (a
+timeout; a crash of the box, `reset`, forgets them); no hairpinning (a
 node cannot reach a neighbour through their shared NAT's public address).
 Nodes open outbound connections from their listening port (as go-libp2p
 does with SO_REUSEPORT), so with an EIM NAT the public endpoint a peer
@@ -110,8 +115,7 @@ class NatBox:
         key = (inside, MAPPING_KEY[self.mapping](remote))
         port = self._ports.get(key)
         if port is None:
-            port = self._ports[key] = self._next_port
-            self._next_port += 1
+            port = self._ports[key] = self._public_port_for(inside)
             self._inside[port] = inside
             self._permits[port] = set()
         permits, permit = self._permits[port], FILTER_KEY[self.filtering](remote)
@@ -119,6 +123,15 @@ class NatBox:
             permits.add(permit)
             self.version += 1
         return (self.public_ip, port)
+
+    def _public_port_for(self, inside: Endpoint) -> int:
+        """The inside port itself when this box preserves ports and it is free, else the next one."""
+        if self.mapping is Mapping.ENDPOINT_INDEPENDENT and inside[1] not in self._inside:
+            return inside[1]
+        while self._next_port in self._inside:
+            self._next_port += 1
+        port, self._next_port = self._next_port, self._next_port + 1
+        return port
 
     def inbound(self, public_port: int, remote: Endpoint) -> Endpoint | None:
         """The inside endpoint a packet from `remote` to `public_port` reaches, or None if dropped."""

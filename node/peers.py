@@ -17,6 +17,7 @@ How a peer is connected (`PeerEntry.connection`) follows its open connections:
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -26,6 +27,7 @@ from multiaddr import Multiaddr
 from .nat.connections import DIRECT, RELAYED, facts_of
 
 HOLE_PUNCHED = "hole-punched"
+MAX_MET = 100_000  # peers remembered as met (the oldest are forgotten first)
 
 
 @dataclass
@@ -44,6 +46,9 @@ class PeerTracker(INotifee):
         self._now = now
         self._peers: dict[str, PeerEntry] = {}
         self.connects_total = 0
+        # peer -> `connects_total` when we first connected to it. A NAT's filter may still let in a
+        # peer we once talked to, so the reachability check needs to know who is a stranger.
+        self._first_met: OrderedDict[str, int] = OrderedDict()
 
     def peers(self) -> list[PeerEntry]:
         return sorted(self._peers.values(), key=lambda entry: entry.peer_id)
@@ -54,11 +59,20 @@ class PeerTracker(INotifee):
     def __contains__(self, peer_id: object) -> bool:
         return peer_id in self._peers
 
+    def met_by(self, peer_id: str, horizon: int) -> bool:
+        """Had we connected to `peer_id` by the time `connects_total` was `horizon`?"""
+        first = self._first_met.get(peer_id)
+        return first is not None and first <= horizon
+
     async def connected(self, network: INetwork, conn: INetConn) -> None:
         facts = facts_of(conn)
         entry = self._peers.get(facts.peer_id)
         if entry is None:
             self.connects_total += 1
+            if facts.peer_id not in self._first_met:
+                self._first_met[facts.peer_id] = self.connects_total
+                if len(self._first_met) > MAX_MET:
+                    self._first_met.popitem(last=False)
             self._peers[facts.peer_id] = PeerEntry(
                 peer_id=facts.peer_id,
                 direction=facts.direction,

@@ -123,10 +123,21 @@ class Node:
             raise DialError(f"no stream to {peer_id}: {type(error).__name__}: {error}") from error
 
     async def connect(self, address: Multiaddr, *, timeout: float = DIAL_TIMEOUT) -> None:
-        """Connect to the peer at `address` (ending in ``/p2p/<peer id>``), or `DialError` within `timeout` s."""
+        """Connect to the peer at exactly `address` (ending in ``/p2p/<peer id>``) unless already
+        connected to it, or `DialError` within `timeout` s.
+
+        Not `host.connect`: that dials whatever the peerstore holds for the peer, and py-libp2p
+        picks at most one address per transport class, so a peer known at a private and a public
+        TCP address was dialled only at the first one, and a dial at the public one never left."""
+        info = info_from_p2p_addr(address)
+        network = self.host.get_network()
         try:
             with trio.fail_after(timeout):
-                await self.host.connect(info_from_p2p_addr(address))
+                self.host.get_peerstore().add_addrs(info.peer_id, info.addrs, 120)
+                if network.connections.get(info.peer_id):
+                    await self.host.connect(info)  # returns once the existing connection is ready
+                else:
+                    await network.dial_addr(address, info.peer_id)
         except trio.TooSlowError:
             raise DialError(f"no connection to {address} within {timeout:g} s") from None
         except Exception as error:  # noqa: BLE001 - as in open_stream

@@ -27,6 +27,7 @@ import logging
 import random
 import secrets
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -109,6 +110,8 @@ class ReachabilityService:
         self._request_limit = RateLimiter(clock, burst=3, interval=20.0)
         self._delegate_limit = RateLimiter(clock, burst=6, interval=10.0)
         self._dialbacks = trio.Semaphore(MAX_DIALBACKS)
+        # nonce -> how many peers we had met when the probe went out (`PeerTracker.met_by`)
+        self._met_horizon: OrderedDict[bytes, int] = OrderedDict()
         self._wake = trio.Event()
         self._node: Node | None = None
 
@@ -161,6 +164,9 @@ class ReachabilityService:
         node = self._require_node()
         nonce = self._nonces(16)
         self.tracker.start_probe(nonce, helper, addrs)
+        self._met_horizon[nonce] = node.peers.connects_total
+        while len(self._met_horizon) > self.tracker.max_probes:
+            self._met_horizon.popitem(last=False)
         try:
             reply = await self._exchange(helper, REACH_REQUEST.name, {"nonce": nonce, "addrs": addrs}, REQUEST_TIMEOUT)
         except EXCHANGE_FAILURES as error:
@@ -279,6 +285,13 @@ class ReachabilityService:
         if facts is None or facts.direction != "inbound" or facts.kind != DIRECT:
             raise ProtocolError("bad-dialback", "a dialback must arrive on an inbound direct connection")
         opened_at = self._clock() - (self._libp2p_clock() - facts.opened_at)  # the connection's age, on our clock
+        horizon = self._met_horizon.get(body["nonce"])
+        if horizon is not None and self._require_node().peers.met_by(dialer, horizon):
+            # A port-restricted NAT still admits a peer we talked to (filters outlive connections;
+            # with a port-preserving NAT that made such nodes think they were public): the dialback
+            # is answered, but proves nothing, and the probe ends inconclusive.
+            logger.info("dialled back at %s by %s, a peer we met before: no proof", body["addr"], dialer)
+            return "dialed", body["addr"], dialer
         if not self.tracker.on_dialback(body["nonce"], body["addr"], dialer, opened_at=opened_at):
             raise ProtocolError("bad-dialback", "no probe of ours matches this dialback")
         logger.info("reachable at %s: dialled back by %s", body["addr"], dialer)

@@ -9,9 +9,16 @@ adjusts what this node offers and uses, by this table::
 
     verdict / mode           offers a relay (hop)        holds reservations
     public, mode "auto"      yes                         none (dropped)
+    public through a NAT     yes (mode "auto")           up to `reservations` relays
     private                  mode "on" only              up to `reservations` relays
     unknown                  mode "on" only              keeps what it has
     any, mode "off"          no                          as above
+
+*Public through a NAT*: every address a dial-back proved is at an IP we do
+not listen on (a port forward, a gateway mapping, a port-preserving NAT).
+Such reachability is fragile: mappings expire, and a port-restricted NAT
+also admits any peer it sent a packet to, which a dial-back cannot tell from
+a stranger's, so the node keeps its relay path as a fallback.
 
 A *private* node reserves a slot on up to `reservations` directly connected
 peers that speak the hop protocol, re-reserves every `REFRESH_INTERVAL`
@@ -162,11 +169,19 @@ class RelayService:
         verdict = self._reachability()
         if not self.offering and (self.mode == "on" or (self.mode == "auto" and verdict == PUBLIC)):
             self._offer_hop()
-        if verdict == PUBLIC:
+        through_nat = verdict == PUBLIC and self._public_through_nat()
+        if verdict == PUBLIC and not through_nat:
             self.reserved.clear()
-        elif verdict == PRIVATE and self.want_reservations > 0:
+        elif (verdict == PRIVATE or through_nat) and self.want_reservations > 0:
             await self._keep_reservations(nursery)
         await self._publish_relay_addrs()
+
+    def _public_through_nat(self) -> bool:
+        """Is every address a dial-back proved at an IP we do not listen on (see the module docstring)?"""
+        listen_ips = {endpoint[0] for a in self._require_node().host.get_transport_addrs()
+                      if (endpoint := tcp_endpoint(str(a).split("/p2p/")[0])) is not None}
+        proven_ips = [endpoint[0] for a in self._extra_addrs() if (endpoint := tcp_endpoint(a)) is not None]
+        return bool(proven_ips) and not listen_ips.intersection(proven_ips)
 
     def _offer_hop(self) -> None:
         node, protocol = self._require_node(), self._protocol
