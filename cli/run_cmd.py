@@ -44,6 +44,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
     info = commands.add_parser("info", help="show a run, found in the DHT if this node does not know it")
     info.add_argument("run_id", metavar="RUN_ID", help="the run's full ID")
+    info.add_argument("--refresh", action="store_true", help="ask the DHT even if this node knows the run")
     info.set_defaults(handler=show_run)
 
     join = commands.add_parser("join", help="train in a run: find it, sync its state, take part from the next round")
@@ -118,7 +119,7 @@ def list_runs(args: argparse.Namespace) -> int:
 
 @_exits
 def show_run(args: argparse.Namespace) -> int:
-    return _show(args, "run.info", {"run_id": args.run_id}, format_run)
+    return _show(args, "run.info", {"run_id": args.run_id, "refresh": args.refresh}, format_run)
 
 
 @_exits

@@ -114,10 +114,11 @@ class Discovery:
         await self._put(key, manifest)
         await self.provide(key)
 
-    async def find_run(self, run: bytes) -> tuple[bytes, Envelope] | None:
-        """Run `run`'s manifest bytes and envelope, validated here, or None if no peer holds a valid one."""
+    async def find_run(self, run: bytes, *, local: bool = True) -> tuple[bytes, Envelope] | None:
+        """Run `run`'s manifest bytes and envelope, validated here, or None if no peer holds a valid one
+        (with `local` False, only a copy from another peer counts)."""
         key = records.run_key(run)
-        values = await self._get(key, enough=1)
+        values = await self._get(key, enough=1, local=local)
         return (values[0], records.validate_run_record(key, values[0])) if values else None
 
     # --- peer records ----------------------------------------------------------------------
@@ -169,9 +170,11 @@ class Discovery:
             return
         raise DiscoveryError(f"put of {key[:80]} took over {OPERATION_TIMEOUT:g} s")
 
-    async def _get(self, key: str, *, enough: int) -> list[bytes]:
+    async def _get(self, key: str, *, enough: int, local: bool = True) -> list[bytes]:
         with trio.move_on_after(OPERATION_TIMEOUT):
-            return await self.dht.lookup_values(key, validate=lambda value: validate(key, value, now=self.clock()), enough=enough)
+            return await self.dht.lookup_values(
+                key, validate=lambda value: validate(key, value, now=self.clock()), enough=enough, local=local
+            )
         raise DiscoveryError(f"lookup of {key[:80]} took over {OPERATION_TIMEOUT:g} s")
 
     # --- maintenance -----------------------------------------------------------------------

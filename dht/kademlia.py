@@ -166,12 +166,14 @@ class LocomeshKadDHT(KadDHT):
 
     # --- values ---------------------------------------------------------------------------
 
-    async def lookup_values(self, key: str, *, validate: Callable[[bytes], object], enough: int = 1) -> list[bytes]:
+    async def lookup_values(
+        self, key: str, *, validate: Callable[[bytes], object], enough: int = 1, local: bool = True
+    ) -> list[bytes]:
         """Valid values for `key` from the network (distinct), stopping once `enough` are found.
 
         `validate(value)` raises for a value that must be ignored. The local
-        store is consulted too (its value is re-validated like any other).
-        Returns ``[]`` when no peer holds a valid value.
+        store is consulted too (its value is re-validated like any other),
+        unless `local` is False. Returns ``[]`` when no peer holds a valid value.
         """
         key_bytes = key.encode("utf-8")
         found: list[bytes] = []
@@ -191,8 +193,8 @@ class LocomeshKadDHT(KadDHT):
             accept(value)
             return closer
 
-        local = self.value_store.get(key_bytes)
-        accept(None if local is None else local.value)
+        held = self.value_store.get(key_bytes) if local else None
+        accept(None if held is None else held.value)
         await self._walk(key_bytes, ask, done=lambda: len(found) >= enough)
         return found
 

@@ -7,7 +7,8 @@ A node service (see `locomesh.node.service`) that owns the node's `Discovery`
     run.create(task, settings={}, public=False, name="", seed=None) -> run summary + {"published"}
         (settings named in DEFAULT_HPARAMS set hyperparameters; the others configure the task)
     run.list() -> [run summary]
-    run.info(run_id) -> run summary + {"manifest": body, "source": "local" | "dht"}
+    run.info(run_id, refresh=False) -> run summary + {"manifest": body, "source": "local" | "dht"}
+        (refresh: ask the DHT even for a run this node holds; only another peer's copy counts)
 
 On start it loads the stored runs, starts the DHT, and, once the routing
 table holds a peer, republishes every public run it created or joined and
@@ -126,18 +127,22 @@ class RunRegistryService:
     async def _rpc_list(self) -> list[dict[str, Any]]:
         return [summary(run) for run in self.store.runs()]
 
-    async def _rpc_info(self, run_id: str) -> dict[str, Any]:
+    async def _rpc_info(self, run_id: str, refresh: bool = False) -> dict[str, Any]:
+        """A run's manifest: ours if we know the run, else from the DHT; `refresh` asks the DHT
+        whatever we hold, and takes only another peer's copy."""
         assert self.discovery is not None
         if not isinstance(run_id, str):
             raise RpcError.invalid_params("run_id must be a string")
+        if not isinstance(refresh, bool):
+            raise RpcError.invalid_params("refresh must be true or false")
         try:
             raw_id = parse_run_id(run_id)
         except ProtocolError as error:
             raise RpcError.invalid_params(error.reason) from None
-        run, source = self.store.get(raw_id), "local"
+        run, source = (None if refresh else self.store.get(raw_id)), "local"
         if run is None:
             try:
-                found = await self.discovery.find_run(raw_id)
+                found = await self.discovery.find_run(raw_id, local=not refresh)
             except DiscoveryError as error:
                 raise RpcError(-32000, f"run lookup failed: {error}") from None
             if found is None:

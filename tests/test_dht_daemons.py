@@ -52,6 +52,11 @@ def test_a_public_run_created_on_one_node_is_found_from_another(swarm):
     table = locomesh(swarm[2], "run", "info", run_id)
     assert table.returncode == 0 and "outer_lr" in table.stdout and "found" in table.stdout
 
+    known = json.loads(locomesh(swarm[1], "run", "info", run_id, "--json").stdout)
+    refreshed = json.loads(locomesh(swarm[1], "run", "info", run_id, "--refresh", "--json").stdout)
+    assert (known["source"], refreshed["source"]) == ("local", "dht")
+    assert refreshed["manifest"] == known["manifest"] == run["manifest"]
+
 
 def test_a_private_run_stays_on_its_node(swarm):
     created = locomesh(swarm[1], "run", "create", "--task", "secret")
@@ -59,6 +64,8 @@ def test_a_private_run_stays_on_its_node(swarm):
     assert locomesh(swarm[1], "run", "info", run_id).returncode == 0
     missing = locomesh(swarm[2], "run", "info", run_id)
     assert missing.returncode == 1 and "no public run" in missing.stderr
+    own_refreshed = locomesh(swarm[1], "run", "info", run_id, "--refresh")  # only another peer's copy counts
+    assert own_refreshed.returncode == 1 and "no public run" in own_refreshed.stderr
 
 
 def test_bad_arguments_are_clear_errors(swarm):
