@@ -21,6 +21,7 @@ import logging
 from typing import Any, Callable
 
 import trio
+from multiaddr import Multiaddr
 
 from locomesh.dht import records
 from locomesh.dht.discovery import DiscoveryError
@@ -33,7 +34,7 @@ from .rpc import RpcError
 from .round_machine import Timing
 from .run_participation import Compute, RunParticipation
 from .run_registry_service import RUN_NOT_FOUND, RunRegistryService
-from .runtime import Node
+from .runtime import DialError, Node
 
 logger = logging.getLogger(__name__)
 
@@ -180,27 +181,28 @@ class RoundService:
                     nursery.start_soon(self._pull_quietly, str(peer), run_id)
 
     async def _connect_quietly(self, info: Any) -> None:
-        """Dial a participant at the addresses its provider record gave; if that fails, through
-        the relay service with the addresses of its DHT peer record, relayed ones included (py-libp2p
-        drops `/p2p-circuit` addresses from an ordinary dial, and a participant behind a NAT has
-        no other)."""
-        self._node.host.get_peerstore().add_addrs(info.peer_id, info.addrs, 3600)
+        """Dial a participant at each address its provider record gave (each exactly: py-libp2p's
+        `host.connect` dials one address per transport class, so a public address after a private
+        one was never tried); if none works, through the relay service with the addresses of its
+        DHT peer record, relayed ones included (a participant behind a NAT has no other)."""
+        self._node.host.get_peerstore().add_addrs(info.peer_id, info.addrs, 3600)  # for later streams
         peer = str(info.peer_id)
-        try:
-            with trio.fail_after(CONNECT_TIMEOUT):
-                await self._node.host.connect(info)
-            return
-        except Exception as error:  # noqa: BLE001 - py-libp2p raises many kinds; a dead participant is normal
-            logger.debug("could not dial participant %s: %s", peer, error)
+        given = [f"{address}/p2p/{peer}" for address in info.addrs]
         relay = next((service for service in self._node.services if service.name == "relay"), None)
-        if relay is None:
-            return
         try:
             with trio.fail_after(CONNECT_TIMEOUT):
+                if relay is None:
+                    await self._node.connect_any([Multiaddr(address) for address in given])
+                    return
+                try:
+                    await relay.connect(peer, given)
+                    return
+                except DialError as error:
+                    logger.debug("could not dial participant %s at %s: %s", peer, given, error)
                 kind = await relay.connect(peer, await relay.lookup_addrs(peer))
-            logger.info("reached participant %s through the relay service (%s)", peer, kind)
-        except Exception as error:  # noqa: BLE001 - RpcError, DialError, TooSlowError: it may be gone
-            logger.debug("could not reach participant %s through relays either: %s", peer, error)
+                logger.info("reached participant %s through its DHT peer record (%s)", peer, kind)
+        except Exception as error:  # noqa: BLE001 - DialError, RpcError, TooSlowError: it may be gone
+            logger.debug("could not reach participant %s: %s", peer, error)
 
     async def _pull_quietly(self, peer: str, run_id: bytes) -> None:
         try:

@@ -143,6 +143,19 @@ class Node:
         except Exception as error:  # noqa: BLE001 - as in open_stream
             raise DialError(f"no connection to {address}: {type(error).__name__}: {error}") from error
 
+    async def connect_any(self, addresses: Sequence[Multiaddr], *, timeout: float = DIAL_TIMEOUT) -> Multiaddr:
+        """Connect to one peer at the first of `addresses` (each as `connect` takes it) that answers,
+        tried in order, each within `timeout` s; the address that worked, or `DialError` naming
+        every failure."""
+        errors = []
+        for address in addresses:
+            try:
+                await self.connect(address, timeout=timeout)
+                return address
+            except DialError as error:
+                errors.append(str(error))
+        raise DialError("; ".join(errors) or "no address to dial")
+
     def count_protocol_error(self, code: str) -> None:
         self._protocol_errors.inc(code=code)
 

@@ -163,6 +163,37 @@ def test_a_graceful_stop_closes_the_connections():
     assert run_simulation(9, main) == (False, False)
 
 
+def test_connect_any_tries_each_address_in_turn_until_one_answers():
+    """A participant's provider record may list an address nobody answers at before the one that
+    works: each is dialled (py-libp2p's `host.connect` would try only one per transport)."""
+    from multiaddr import Multiaddr
+
+    from locomesh.netsim.transport import multiaddr_of
+    from locomesh.node.runtime import DialError
+
+    async def main(sim: Simulation):
+        a, b = await two_running_nodes(sim)
+        ip, port = b.listen_addr
+        dead = Multiaddr(f"/ip4/{ip}/tcp/{port + 1}/p2p/{b.peer_id}")
+        live = multiaddr_of(b.listen_addr).encapsulate(f"/p2p/{b.peer_id}")
+        with trio.fail_after(30):
+            worked = await a.node.connect_any([dead, live], timeout=5)
+        absent = sim.add_node("absent")  # never started: nothing answers at its address
+        nowhere = multiaddr_of(absent.listen_addr).encapsulate(f"/p2p/{absent.peer_id}")
+        with trio.fail_after(30):
+            try:
+                wrong_port = Multiaddr(f"/ip4/{ip}/tcp/{port + 1}/p2p/{absent.peer_id}")
+                await a.node.connect_any([wrong_port, nowhere], timeout=5)
+                failed = ""
+            except DialError as error:
+                failed = str(error)
+        return worked == live, b.peer_id in a.connected_peers(), await echo_once(a, b), failed
+
+    worked, connected, reply, failed = run_simulation(10, main)
+    assert worked and connected and reply == b"olleh"
+    assert failed.count("no connection to") == 2, "both failures are named"
+
+
 def test_yamux_returns_credit_in_batches_in_a_simulation_and_streams_still_flow():
     """go-yamux's rule (`libp2p_chores`): small reads send no WINDOW_UPDATE; a 1 MiB stream does not stall."""
     from libp2p.stream_muxer.yamux.yamux import YamuxStream
