@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import trio
+from libp2p.peer.id import ID
 from multiaddr import Multiaddr
 
 from locomesh.node.nat.reachability import PRIVATE, PUBLIC, UNKNOWN
@@ -74,6 +75,56 @@ async def test_private_nodes_meet_through_a_relay_and_upgrade_to_direct(nursery,
     kinds = {peer["peer_id"]: peer["connection"] for peer in dialer.peer_list()}
     assert kinds == {relay.peer_id: "direct", listener.peer_id: "hole-punched"}
     assert {peer["peer_id"]: peer["connection"] for peer in listener.peer_list()}[dialer.peer_id] == "hole-punched"
+    for node in (relay, listener, dialer):
+        node.request_stop()
+
+
+async def test_one_circuit_ending_leaves_the_others_through_the_same_relay_alive(nursery, identity_factory):
+    """py-libp2p's relay ended the newest circuit of a peer whenever any of its circuits ended
+    (`locomesh.node.nat.circuit_relay`): two dialers reach one private node through one relay,
+    the first hangs up, the second's relayed connection must still carry pings."""
+    relay_service = RelayService(lambda: PUBLIC, hole_punch=False)
+    relay = await start(nursery, identity_factory(31), relay_service)
+    bootstrap = [Multiaddr(relay.listen_addresses()[0])]
+    listener_service = RelayService(lambda: PRIVATE, hole_punch=False)
+    listener = await start(nursery, identity_factory(32), listener_service, bootstrap)
+    dialers = []
+    for seed in (33, 34):
+        service = RelayService(lambda: PRIVATE, reservations=0, hole_punch=False)
+        dialers.append((await start(nursery, identity_factory(seed), service, bootstrap), service))
+    await wait_for(lambda: relay_service.offering and len(relay.peers) == 3)
+    await wait_for(lambda: listener_service.relay_candidates() == [relay.peer_id])
+    await listener_service.adjust(nursery)
+    [relay_addr] = listener_service.relay_addrs()
+    for dialer, service in dialers:
+        assert await service.connect(listener.peer_id, [relay_addr]) == "relayed"
+        assert await dialer.services[0].ping(listener.peer_id) > 0
+
+    (first, _), (second, second_service) = dialers
+    await first.host.disconnect(ID.from_base58(listener.peer_id))
+    await wait_for(lambda: listener.peer_id not in first.peers)
+    await trio.sleep(1.0)  # what the relay does with the ended circuit, it has done by now
+    assert second_service.connection_kind(listener.peer_id) == "relayed"
+    for _ in range(3):
+        assert await second.services[0].ping(listener.peer_id) > 0
+    for node in (relay, listener, first, second):
+        node.request_stop()
+
+
+async def test_a_circuit_past_its_duration_cap_is_cut(nursery, identity_factory):
+    relay_service = RelayService(lambda: PUBLIC, hole_punch=False, bounds=RelayBounds(circuit_seconds=2))
+    relay = await start(nursery, identity_factory(41), relay_service)
+    bootstrap = [Multiaddr(relay.listen_addresses()[0])]
+    listener_service = RelayService(lambda: PRIVATE, hole_punch=False)
+    listener = await start(nursery, identity_factory(42), listener_service, bootstrap)
+    dialer_service = RelayService(lambda: PRIVATE, reservations=0, hole_punch=False)
+    dialer = await start(nursery, identity_factory(43), dialer_service, bootstrap)
+    await wait_for(lambda: relay_service.offering and len(relay.peers) == 2)
+    await wait_for(lambda: listener_service.relay_candidates() == [relay.peer_id])
+    await listener_service.adjust(nursery)
+    assert await dialer_service.connect(listener.peer_id, listener_service.relay_addrs()) == "relayed"
+    assert await dialer.services[0].ping(listener.peer_id) > 0
+    await wait_for(lambda: listener.peer_id not in dialer.peers, timeout=10)  # cut at 2 s, idle or not
     for node in (relay, listener, dialer):
         node.request_stop()
 

@@ -23,9 +23,10 @@ Story, in virtual time:
 
 Outcomes per pair: ``direct`` (the dial to the listen address worked),
 ``hole-punched`` (first relayed, then direct), ``relayed`` (only through a
-relay), ``none``. The report has the table by NAT-type pair (each unordered
-pair counted under the dialer's and target's types in that order), the
-share of NATed pairs (at least one side behind a NAT) that connected, the
+relay, and still connected at the end of `upgrade_wait`), ``none`` (no
+connection, or a relayed one that did not last). The report has the table
+by NAT-type pair (each unordered pair counted under the dialer's and
+target's types in that order), the share of NATed pairs (at least one side behind a NAT) that connected, the
 share upgraded to direct among pairs where the NAT model says a direct path
 exists (`reachable` or `hole_punch_succeeds`), and time to the first
 connection. The peer record is built in the scenario rather than fetched
@@ -38,11 +39,11 @@ things keep the rest repeatable: links have no jitter here (any such order
 difference would otherwise shift every later random draw of the links), and
 py-libp2p's service task IDs are seeded (`_seeded_service_task_ids`).
 
-Known limit of the model: the simulated NATs do not preserve ports, while
-py-libp2p's DCUtR advertises ``<external ip>:<listen port>`` (it predicts a
-port-preserving NAT), so most punches succeed through its "unilateral" dial
-to Identify-observed addresses instead, and port-restricted and symmetric
-pairs mostly stay relayed.
+Model: cone NATs keep the inside port while it is free (as Linux masquerade
+and most home routers do), so py-libp2p's DCUtR, which advertises
+``<external ip>:<listen port>``, punches through them; symmetric NATs pick a
+new port per destination, so a symmetric node punches only towards peers
+whose NAT admits any source port.
 """
 
 from __future__ import annotations
@@ -207,6 +208,9 @@ class _Run:
             while pair.dialer.relay.connection_kind(str(target.sim_node.peer_id)) != DIRECT:
                 await trio.sleep(0.25)
             pair.outcome, pair.to_direct = "hole-punched", trio.current_time() - started
+            return
+        if pair.dialer.relay.connection_kind(str(target.sim_node.peer_id)) is None:
+            pair.outcome = "none"  # the relayed connection did not last
 
     # --- reporting -----------------------------------------------------------------------------
 
