@@ -62,6 +62,26 @@ async def test_a_collection_runs_after_the_longest_interval_once_a_tenth_accrued
         del filler
 
 
+async def test_survivors_are_frozen_until_every_few_collections_one_looks_at_everything(autojump_clock):
+    with collector.paused_collection():
+        kept = []
+        check = partial(collector.collect_when_grown, check_every=1.0, min_growth=1_000, full_every=3)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(check)
+            cycle = _Cycle()
+            dead = weakref.ref(cycle)
+            kept.append([[index] for index in range(5_000)])
+            await trio.sleep(1.5)  # collection 1: the cycle is alive, so it survives and is frozen
+            del cycle
+            kept.append([[index] for index in range(5_000)])
+            await trio.sleep(1.0)  # collection 2 looks only at what is younger than the freeze
+            assert dead() is not None, "a frozen cycle waits for a full collection"
+            kept.append([[index] for index in range(20_000)])  # more than half of all survivors
+            await trio.sleep(1.0)  # collection 3 thaws everything and collects it
+            assert dead() is None
+            nursery.cancel_scope.cancel()
+
+
 async def test_no_collection_while_little_was_allocated(autojump_clock):
     with collector.paused_collection():
         cycle = _Cycle()
