@@ -34,6 +34,14 @@ together cut trio task steps from 365k to 231k at 100 nodes. Multiaddr and
 peer-ID parsing are memoised (`netsim.transport`, `netsim.pex`). Final code,
 quiet machine, seed 1: 100 nodes 12.8 CPU s, 200 nodes 29.1, 1,000 nodes
 174.0 (last session: 20.0 and 257.8, at load ~5).
+
+Later (2026-11-24): the collector freezes the survivors of each collection
+(`netsim.collector`), the run's clock answers "now" from its virtual base
+(`netsim.simulation._jumping_clock`), py-libp2p's thin-waist split of
+observed addresses is memoised (`netsim.libp2p_chores`); reports unchanged
+(15,157 connection attempts, delivery 0.9929 at 1,000 nodes, seed 1). 1,000
+nodes, alternating runs, idle machine whose speed drifts by ~10%: before
+131.2 and 116.6 s, after 106.1 and 116.8 s; peak RSS 1068 -> 1054 MiB.
 """
 
 from __future__ import annotations
