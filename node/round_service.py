@@ -187,7 +187,7 @@ class RoundService:
         DHT peer record, relayed ones included (a participant behind a NAT has no other)."""
         self._node.host.get_peerstore().add_addrs(info.peer_id, info.addrs, 3600)  # for later streams
         peer = str(info.peer_id)
-        given = [f"{address}/p2p/{peer}" for address in info.addrs]
+        given = [text if "/p2p/" in (text := str(address)) else f"{text}/p2p/{peer}" for address in info.addrs]
         relay = next((service for service in self._node.services if service.name == "relay"), None)
         try:
             with trio.fail_after(CONNECT_TIMEOUT):
