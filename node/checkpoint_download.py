@@ -81,13 +81,23 @@ class DownloadProgress:
     bytes_fetched: int = 0
     error: str | None = None
     providers: dict[str, dict[str, Any]] = field(default_factory=dict)
+    started_at: float | None = None  # trio clock: when the download began, and when it was done
+    done_at: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
             "id": self.checkpoint_id.hex(), "state": self.state, "chunks_total": self.chunks_total,
             "chunks_stored": self.chunks_stored, "chunks_fetched": self.chunks_fetched,
             "bytes_fetched": self.bytes_fetched, "error": self.error, "providers": self.providers,
+            "seconds": self._seconds(),
         }
+
+    def _seconds(self) -> float | None:
+        """From the start of the download to its end (or to now, while it runs)."""
+        if self.started_at is None:
+            return None
+        end = self.done_at if self.done_at is not None else trio.current_time()
+        return round(end - self.started_at, 4)
 
 
 class ProviderSession:
@@ -191,10 +201,11 @@ async def download_checkpoint(
     Raises `DownloadError` when it cannot finish; chunks already verified stay
     stored, so a later call resumes. Cancelling it leaves the store consistent.
     """
+    progress.started_at = trio.current_time()
     store = await offload(checkpoint_store)
     local = await offload(_installed_manifest, store, directory, checkpoint_id)
     if local is not None:
-        progress.state, progress.chunks_total = "done", len(local.chunks)
+        progress.state, progress.chunks_total, progress.done_at = "done", len(local.chunks), trio.current_time()
         progress.chunks_stored = len(local.chunks)
         return local
     sessions = {
@@ -209,7 +220,7 @@ async def download_checkpoint(
         schedule = DownloadSchedule(wanted, list(sessions), max_window=max_window)
         await _ChunkFetcher(store, directory, manifest, schedule, sessions, scores, progress, offload).run()
         await offload(_install, store, directory, manifest)
-        progress.state = "done"
+        progress.state, progress.done_at = "done", trio.current_time()
         return manifest
     finally:
         for session in sessions.values():

@@ -105,6 +105,7 @@ async def test_download_from_three_providers_one_lying(tmp_path, log, identity_f
             daemon.stop()
 
     assert progress["state"] == "done", progress
+    assert 0 < progress["seconds"] < 60, "the download's own duration, from its start to the install"
     assert progress["chunks_stored"] == progress["chunks_total"] == progress["chunks_fetched"] - _copies(progress)
     loaded, metadata = load_checkpoint(tmp_path / "downloader" / "checkpoints", checkpoint_id)
     assert torch.equal(loaded["w"], tensors["w"]) and metadata["round"] == 3
