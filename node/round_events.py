@@ -1,0 +1,153 @@
+"""What the round machine (`round_machine`) reads and asks for: its phases, the events fed to it
+and the actions it returns. Plain frozen values, no behaviour: the machine, the service that
+carries out its actions (`run_participation`), the simulator and the tests all speak them.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Union
+
+PayloadId = bytes
+Author = bytes
+
+
+class Phase(enum.Enum):
+    IDLE = "idle"  # holds the state of the certified round; not (yet) eligible for the next one
+    TRAIN = "train"  # inner steps under way
+    COLLECT = "collect"  # committed; waiting for the cutoff and the others' payloads
+    PROPOSE = "propose"  # cut off; waiting for the round's proposal and the payloads it names
+    REPLAY = "replay"  # our round was certified without us: fetching the rest of a proposal to rebuild it
+    AGGREGATE = "aggregate"  # outer step under way
+    VOTED = "voted"  # waiting for the round's certificate
+    SYNC = "sync"  # fetching the certified state
+
+
+# --- inputs ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What the run state says now. `commits` and `electorate` are for round `certified + 1`."""
+
+    now: float
+    certified: int  # newest certified round (0: none yet; the genesis state)
+    certified_hash: bytes | None  # its state hash (None for round 0)
+    electorate: frozenset[Author]  # peers eligible for round certified + 1
+    commits: dict[Author, tuple[PayloadId, int]]  # round certified + 1: author -> (payload ID, size)
+    proposals: dict[Author, tuple[Author, ...]] = field(default_factory=dict)  # round certified + 1
+    certified_proposals: dict[Author, tuple[Author, ...]] = field(default_factory=dict)  # round certified
+
+
+@dataclass(frozen=True)
+class Trained:
+    round: int
+    payload_id: PayloadId
+    size: int
+    seconds: float
+    now: float
+
+
+@dataclass(frozen=True)
+class Fetched:
+    round: int
+    author: Author
+    ok: bool  # False: no provider delivered it before the service gave up
+    now: float
+
+
+@dataclass(frozen=True)
+class Aggregated:
+    round: int
+    state_hash: bytes | None  # None: nothing valid to aggregate (every payload was rejected)
+    now: float
+
+
+@dataclass(frozen=True)
+class Synced:
+    round: int
+    state_hash: bytes | None  # None: the sync failed; it is tried again after RETRY_SECONDS
+    now: float
+
+
+Event = Union[Observation, Trained, Fetched, Aggregated, Synced]
+
+
+# --- outputs ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StartTraining:
+    round: int
+
+
+@dataclass(frozen=True)
+class PublishCommit:
+    round: int
+    payload_id: PayloadId
+    size: int
+
+
+@dataclass(frozen=True)
+class Fetch:
+    round: int
+    author: Author
+    payload_id: PayloadId
+    size: int
+
+
+@dataclass(frozen=True)
+class PublishProposal:
+    round: int
+    authors: tuple[Author, ...]
+
+
+@dataclass(frozen=True)
+class StartAggregate:
+    round: int
+    authors: tuple[Author, ...]  # whose payloads to aggregate (ours included), sorted
+    last_commit: float = 0.0  # when the last of their commits was seen (for the exchange timing)
+    replay: bool = False  # a round certified without us, aggregated to adopt its state
+
+
+@dataclass(frozen=True)
+class PublishVote:
+    round: int
+    state_hash: bytes
+
+
+@dataclass(frozen=True)
+class StartSync:
+    round: int
+    state_hash: bytes
+
+
+@dataclass(frozen=True)
+class StopTraining:
+    """Stop the inner steps of `round` (keep its fetches): the round is being replayed."""
+
+    round: int
+
+
+@dataclass(frozen=True)
+class Discard:
+    """Stop any work for `round` (training, fetches): the run has moved past it."""
+
+    round: int
+
+
+@dataclass(frozen=True)
+class RoundDone:
+    """Round `round` was certified with our hash (or adopted by a sync): for progress reports."""
+
+    round: int
+    state_hash: bytes
+    contributors: int  # payloads we aggregated (0 after a sync)
+    synced: bool
+
+
+Action = Union[
+    StartTraining, PublishCommit, Fetch, PublishProposal, StartAggregate, PublishVote, StartSync, StopTraining, Discard,
+    RoundDone,
+]
