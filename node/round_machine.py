@@ -38,8 +38,8 @@ of the newest certified round c takes part in round c + 1:
 
 Nothing here touches the network, the disk or the clock. The service (`round_service.py`) feeds
 in `Observation`s (what the CRDT says now, and the time) and the completions of the work the
-machine asked for; each call returns the `Action`s to carry out (the vocabulary: `round_events`). The simulator and the tests
-drive exactly this code.
+machine asked for; each call returns the `Action`s to carry out (the vocabulary: `round_events`).
+The simulator and the tests drive exactly this code.
 
 Rules of this file
 ------------------
