@@ -81,7 +81,7 @@ class DownloadProgress:
     bytes_fetched: int = 0
     error: str | None = None
     providers: dict[str, dict[str, Any]] = field(default_factory=dict)
-    started_at: float | None = None  # trio clock: when the download began, and when it was done
+    started_at: float | None = None  # trio clock: when the download began, and when it ended
     done_at: float | None = None
 
     def to_json(self) -> dict[str, Any]:
@@ -93,7 +93,7 @@ class DownloadProgress:
         }
 
     def _seconds(self) -> float | None:
-        """From the start of the download to its end (or to now, while it runs)."""
+        """From the start of the download to its end (done, failed or cancelled), or to now while it runs."""
         if self.started_at is None:
             return None
         end = self.done_at if self.done_at is not None else trio.current_time()
@@ -223,6 +223,8 @@ async def download_checkpoint(
         progress.state, progress.done_at = "done", trio.current_time()
         return manifest
     finally:
+        if progress.done_at is None:  # failed or cancelled: its time stops here too
+            progress.done_at = trio.current_time()
         for session in sessions.values():
             await session.close()
 

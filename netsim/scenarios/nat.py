@@ -26,9 +26,10 @@ Outcomes per pair: ``direct`` (the dial to the listen address worked),
 relay, and still connected at the end of `upgrade_wait`), ``none`` (no
 connection, or a relayed one that did not last). The report has the table
 by NAT-type pair (each unordered pair counted under the dialer's and
-target's types in that order), the share of NATed pairs (at least one side behind a NAT) that connected, the
-share upgraded to direct among pairs where the NAT model says a direct path
-exists (`reachable` or `hole_punch_succeeds`), and time to the first
+target's types in that order), the share of NATed pairs (at least one side
+behind a NAT) that connected, the share upgraded to direct among pairs
+where the NAT model says a direct path exists (`reachable` or
+`hole_punch_succeeds`), and time to the first
 connection. The peer record is built in the scenario rather than fetched
 from the DHT (the `dht` scenario covers that path).
 
