@@ -51,7 +51,14 @@ ServeFunction = Callable[["SealedStream", str], Awaitable[None]]
 
 
 class SealedStream:
-    """A byte stream over TCP in which every byte is sealed: ``write`` seals one frame, ``read`` opens them in order."""
+    """A byte stream over TCP in which every byte is sealed: ``write`` seals one frame, ``read`` opens them in order.
+
+    A read returns at most the rest of the frame it is in, which is already in
+    memory, so reads of any size are cheap (`largest_read`): a frame written by
+    one ``write`` is read back as that very bytes object, uncopied.
+    """
+
+    largest_read = MAX_FRAME
 
     def __init__(self, tcp: trio.SocketStream, keys: SessionKeys, *, opener: FrameOpener | None = None) -> None:
         self._tcp = tcp

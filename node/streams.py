@@ -52,7 +52,8 @@ logger = logging.getLogger(__name__)
 
 FRAME_HEADER_SIZE = 4
 MAX_FRAME_SIZE = 2**32 - 1
-_READ_CHUNK = 64 * 1024
+_READ_CHUNK = 64 * 1024  # per read, unless the stream's `largest_read` says larger reads are cheap
+_SEPARATE_WRITE = 64 * 1024  # frames from this size on are written as header, then payload
 _RESET_TIMEOUT = 2.0
 
 
@@ -69,8 +70,13 @@ async def write_frame(stream: ByteStream, data: bytes, *, timeout: float) -> Non
     """
     if len(data) > MAX_FRAME_SIZE:
         raise ValueError(f"a frame holds at most {MAX_FRAME_SIZE} bytes, not {len(data)}")
+    header = len(data).to_bytes(FRAME_HEADER_SIZE, "big")
     with _deadline(timeout, "writing a frame"):
-        await stream.write(len(data).to_bytes(FRAME_HEADER_SIZE, "big") + data)
+        if len(data) < _SEPARATE_WRITE:
+            await stream.write(header + data)
+        else:  # a large payload is not copied just to put 4 bytes in front of it
+            await stream.write(header)
+            await stream.write(data)
 
 
 async def read_frame(stream: ByteStream, *, max_size: int, timeout: float) -> bytes:
@@ -108,9 +114,10 @@ async def _read_exactly(stream: ByteStream, size: int, *, allow_eof: bool) -> by
     """`size` bytes; None when the stream ends before the first one and `allow_eof`."""
     parts: list[bytes] = []
     received = 0
+    largest_read = getattr(stream, "largest_read", _READ_CHUNK)
     while received < size:
         try:
-            chunk = await stream.read(min(size - received, _READ_CHUNK))
+            chunk = await stream.read(min(size - received, largest_read))
         except EOFError:
             chunk = b""
         if not chunk:

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import random
+from functools import partial
 
 import pytest
 import trio
+import trio.testing
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from multiaddr import Multiaddr
 
 from locomesh.node.checkpoint_download import ProviderSession
-from locomesh.node.dataplane import HELLO, DataPlaneServer, open_sealed_stream
+from locomesh.node.dataplane import HELLO, DataPlaneServer, SealedStream, open_sealed_stream
 from locomesh.node.dataplane_crypto import (
     HEADER_SIZE, TAG_SIZE, DataPlaneError, FrameOpener, FrameSealer, derive_keys, transcript,
 )
@@ -116,6 +118,34 @@ def test_a_low_order_peer_key_is_refused():
 async def echo_frames(stream, peer_id: str) -> None:
     while True:
         await write_frame(stream, await read_frame(stream, max_size=1 << 22, timeout=10), timeout=10)
+
+
+async def test_a_large_frame_is_sealed_and_read_back_in_whole_pieces():
+    """Its length and its payload go as two sealed frames, and the reader takes the payload in one read:
+    no copy of megabytes to prepend 4 bytes, no 64 KiB slices joined again."""
+    asker_keys, provider_keys = key_pair_sessions()
+    left, right = trio.testing.memory_stream_pair()
+    writer, reader = SealedStream(left, asker_keys), SealedStream(right, provider_keys)
+    written, reads = [], []
+    real_write, real_read = writer.write, reader.read
+
+    async def recording_write(data):
+        written.append(data)
+        await real_write(data)
+
+    async def recording_read(n=None):
+        reads.append(await real_read(n))
+        return reads[-1]
+
+    writer.write, reader.read = recording_write, recording_read
+    payload, small = random.Random(2).randbytes(1_000_000), b"small"
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(partial(write_frame, writer, payload, timeout=10))
+        assert await read_frame(reader, max_size=1 << 20, timeout=10) == payload
+        nursery.start_soon(partial(write_frame, writer, small, timeout=10))
+        assert await read_frame(reader, max_size=1 << 20, timeout=10) == small
+    assert [len(data) for data in written] == [4, len(payload), 4 + len(small)] and written[1] is payload
+    assert [len(data) for data in reads] == [4, len(payload), 4, len(small)]
 
 
 async def test_a_sealed_stream_carries_frames_between_two_hosts_and_is_used_once(identity_factory):
