@@ -42,6 +42,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--rounds", type=int, default=6, metavar="R", help="rounds to train (default 6)")
     parser.add_argument("--inner-steps", type=int, default=40, metavar="H", help="inner steps per round (default 40)")
     parser.add_argument("--deadline", type=float, default=120.0, metavar="S", help="round deadline in seconds (default 120)")
+    parser.add_argument("--delayed-updates", action="store_true",
+                        help="one-round-delayed outer updates: each round trains while the last one is exchanged")
     parser.add_argument("--verbose", action="store_true", help="show the daemons' logs on stderr")
     parser.set_defaults(handler=run_swarm)
 
@@ -56,7 +58,8 @@ def run_swarm(args: argparse.Namespace) -> int:
             daemons = start_swarm(Path(scratch), args.nodes, log=None if args.verbose else subprocess.DEVNULL)
             wait_connected(daemons)
             print(f"{len(daemons)} daemons up and connected on loopback", flush=True)
-            settings = {"inner_steps": args.inner_steps, "round_deadline_s": args.deadline, "min_peers": len(daemons)}
+            settings = {"inner_steps": args.inner_steps, "round_deadline_s": args.deadline, "min_peers": len(daemons),
+                        "delayed_updates": args.delayed_updates}
             run_id = create_run(daemons[0], settings)
             print(f"run {run_id} created on node 0 (public, task {DEFAULT_TASK}); every node joins it by ID", flush=True)
             join_all(daemons, run_id)

@@ -51,6 +51,7 @@ class SimCost:
 @dataclass(frozen=True)
 class _Settings:
     inner_steps: int
+    delayed_updates: bool = False
 
 
 @dataclass(frozen=True)
@@ -66,12 +67,13 @@ class SimParticipant:
         self.key = key
         self.cost = cost
         self.byzantine = byzantine
-        self.settings = _Settings(int(hparams["inner_steps"]))
+        self.settings = _Settings(int(hparams["inner_steps"]), bool(hparams.get("delayed_updates", False)))
         self.outer = _Outer(cost.payload_bytes)
         self.round = 0
         self.state = _expand(hashlib.sha256(b"genesis" + genesis_body["seed"].to_bytes(8, "big")).digest(),
                              cost.state_bytes)
         self.pending_seconds = 0.0  # modelled cost of the last call, taken by `SimCompute`
+        self.trainings = 0  # with delayed updates two trainings start from one state: each its own payload
 
     def take_pending_seconds(self) -> float:
         seconds, self.pending_seconds = self.pending_seconds, 0.0
@@ -79,15 +81,21 @@ class SimParticipant:
 
     # --- one round ------------------------------------------------------------------------------
 
-    def train(self, stop: Callable[[], bool] | None = None) -> Contribution:
-        """A deterministic payload for (our key, round); costs inner_steps x step_seconds (all of
-        it: `stop` is not asked, the modelled steps are taken as one)."""
+    def train(self, stop: Callable[[], bool] | None = None, start: None = None) -> Contribution:
+        """A deterministic payload for (our key, round, trainings so far); costs inner_steps x
+        step_seconds (all of it: `stop` is not asked, the modelled steps are taken as one)."""
         seconds = self.settings.inner_steps * self.cost.step_seconds
         self.pending_seconds = seconds
-        seed = hashlib.sha256(b"payload" + self.key + self.round.to_bytes(8, "big")).digest()
+        self.trainings += 1
+        seed = hashlib.sha256(b"payload" + self.key + self.round.to_bytes(8, "big")
+                              + self.trainings.to_bytes(8, "big")).digest()
         payload = bytearray(_expand(seed, self.cost.payload_bytes))
         payload[0] = JUNK_MARK if self.byzantine else PAYLOAD_MARK
         return Contribution(bytes(payload), self.settings.inner_steps, float("nan"), seconds)
+
+    def delayed_start(self, trained: Contribution) -> None:
+        """There are no parameters to start from: `train` ignores its `start`."""
+        return None
 
     def aggregate(self, payloads: dict[bytes, bytes]) -> None:
         """The next state from the hashes of the valid payloads; ValueError if none is valid

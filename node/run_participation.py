@@ -5,6 +5,10 @@ else:
 
 - training and the outer step run in a worker thread (torch and numpy release the GIL), one at a
   time under `_compute`, so a discarded round's thread finishes before a sync touches the state;
+- with one-round-delayed outer updates (the run's `delayed_updates`), training runs under a lock
+  of its own instead (`_training`): once round r's payload is made, round r+1's inner steps start
+  at once, from `Participant.delayed_start` (an `_Ahead`), while round r is exchanged, aggregated
+  and certified; when the machine then starts round r+1, its payload is (nearly) ready;
 - payloads are published as content-addressed checkpoints in the node's checkpoint store, so the
   checkpoint service serves them (over its authenticated data plane) and any peer that fetched a
   payload can serve it on: the allgather is a multi-source download, verified chunk by chunk
@@ -65,10 +69,12 @@ class RoundRecord:
     floor: float | None
     payload_bytes: int
     seconds: float  # from the start of our training to the round's certificate
+    train_seconds: float | None  # the inner steps of our payload (trained ahead: while the round before was exchanged)
     exchange_seconds: float | None  # last counted commit seen -> aggregate computed (fetch + aggregation)
     fetch_seconds: float | None  # last counted commit seen -> the last payload aggregated in hand
     aggregate_seconds: float | None  # the outer step alone (decode, validate, aggregate, Nesterov)
     finished_at: float
+    trained_ahead: bool = False  # our payload was trained while the round before was exchanged (delayed updates)
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -83,11 +89,13 @@ class _Work:
     payload_id: bytes = b""
     payload_size: int = 0
     train_loss: float | None = None
+    train_seconds: float | None = None
     payloads: dict[bytes, bytes] = field(default_factory=dict)  # author -> payload bytes
     arrived: dict[bytes, float] = field(default_factory=dict)  # author -> when its payload was in hand
     exchange_seconds: float | None = None
     fetch_seconds: float | None = None
     aggregate_seconds: float | None = None
+    trained_ahead: bool = False
     fetches: list[trio.CancelScope] = field(default_factory=list)
     tasks: list[trio.CancelScope] = field(default_factory=list)  # training, aggregation
     # Set to stop the inner steps at the next step: a cancelled thread cannot be interrupted, and
@@ -99,6 +107,22 @@ class _Work:
         if not fetches_only:
             self.stop_training.set()
         for scope in [*(() if training_only else self.fetches), *(() if fetches_only else self.tasks)]:
+            scope.cancel()
+
+
+@dataclass
+class _Ahead:
+    """Inner steps of a round, started before the machine starts that round (delayed updates)."""
+
+    round: int
+    stop: threading.Event = field(default_factory=threading.Event)
+    done: trio.Event = field(default_factory=trio.Event)
+    contribution: Any = None  # set once training finished (None if it was cancelled)
+    scopes: list[trio.CancelScope] = field(default_factory=list)
+
+    def cancel(self) -> None:
+        self.stop.set()
+        for scope in self.scopes:
             scope.cancel()
 
 
@@ -126,6 +150,9 @@ class RunParticipation:
         self.initial_eval: dict[str, Any] = {}
         self.failure: str | None = None  # set when the participation stopped on an error
         self._compute = trio.Lock()
+        self.delayed = participant.settings.delayed_updates
+        self._training = trio.Lock() if self.delayed else self._compute  # see the module docstring
+        self._ahead: _Ahead | None = None
         self._events_in, self._events = trio.open_memory_channel[rm.Event](math.inf)
         self._news: trio.CancelScope | None = None
         self._unstored: tuple[int, Any, bytes] | None = None  # the newest state not yet stored
@@ -233,11 +260,13 @@ class RunParticipation:
                     for scope in self.syncs:
                         scope.cancel()
                     self._start(self.syncs, self._sync, r, state_hash)
-                case rm.StopTraining():
+                case rm.StopTraining(round=r):
                     self.work.cancel(training_only=True)
+                    self._cancel_ahead(r)
                 case rm.Discard():
                     if self.work is not None:
                         self.work.cancel()
+                    self._cancel_ahead()
                 case rm.RoundDone():
                     self._start([], self._record, action, self.work)
 
@@ -260,14 +289,51 @@ class RunParticipation:
     # --- the work -----------------------------------------------------------------------------
 
     async def _train(self, work: _Work) -> None:
-        async with self._compute:
-            contribution = await self.compute(self.participant.train, work.stop_training.is_set)
-            manifest = await self.offload(self._store_payload, work.round, contribution.payload)
+        if self.delayed:
+            contribution = await self._train_delayed(work)
+        else:
+            async with self._training:
+                contribution = await self.compute(self.participant.train, work.stop_training.is_set)
+        manifest = await self.offload(self._store_payload, work.round, contribution.payload)
         work.payload_id, work.payload_size = manifest.id, len(contribution.payload)
-        work.train_loss = contribution.train_loss
+        work.train_loss, work.train_seconds = contribution.train_loss, contribution.seconds
         work.payloads[self.me] = contribution.payload
         self.payloads_sent += 1
         self._emit(rm.Trained(work.round, manifest.id, len(contribution.payload), contribution.seconds, trio.current_time()))
+
+    async def _train_delayed(self, work: _Work) -> Any:
+        """This round's contribution, trained ahead if it was (else now, from θ); then the next
+        round's inner steps start, from θ moved by this contribution (`Participant.delayed_start`)."""
+        ahead = self._ahead
+        if ahead is not None and ahead.round == work.round:
+            await ahead.done.wait()
+            contribution = ahead.contribution
+            work.trained_ahead = contribution is not None
+        else:
+            self._cancel_ahead()
+            contribution = None
+        if contribution is None:
+            async with self._training:
+                contribution = await self.compute(self.participant.train, work.stop_training.is_set)
+        async with self._compute:  # θ is the state this round's aggregate will land on until that runs
+            start = await self.compute(self.participant.delayed_start, contribution)
+        self._ahead = _Ahead(work.round + 1)
+        self._start(self._ahead.scopes, self._train_ahead, self._ahead, start)
+        return contribution
+
+    async def _train_ahead(self, ahead: _Ahead, start: Any) -> None:
+        try:
+            async with self._training:
+                ahead.contribution = await self.compute(self.participant.train, ahead.stop.is_set, start)
+        finally:
+            ahead.done.set()
+
+    def _cancel_ahead(self, round_number: int | None = None) -> None:
+        """Stop training ahead (only if it is for `round_number`, when given): its base is gone."""
+        ahead = self._ahead
+        if ahead is not None and round_number in (None, ahead.round):
+            ahead.cancel()
+            self._ahead = None
 
     def _store_payload(self, round_number: int, payload: bytes) -> Any:
         store = checkpoint_store()
@@ -404,9 +470,11 @@ class RunParticipation:
             eval_loss=evaluation["loss"], floor=evaluation["floor"],
             payload_bytes=0 if mine is None else mine.payload_size,
             seconds=0.0 if mine is None else now - mine.started,
+            train_seconds=None if mine is None else mine.train_seconds,
             exchange_seconds=None if mine is None else mine.exchange_seconds,
             fetch_seconds=None if mine is None else mine.fetch_seconds,
             aggregate_seconds=None if mine is None else mine.aggregate_seconds, finished_at=time.time(),
+            trained_ahead=mine is not None and mine.trained_ahead,
         ))
         await self.offload(self._forget_old_rounds, done.round)
 

@@ -49,6 +49,7 @@ DEFAULT_HPARAMS: dict[str, Any] = {
     "round_deadline_s": 600,
     "min_peers": 1,  # a round starts once this many peers are eligible for it
     "eval_every": 1,  # rounds between evaluations of the shared state (0: never)
+    "delayed_updates": False,  # one-round-delayed outer updates: round r+1 trains while round r is exchanged
 }
 RUN_NOT_FOUND = -32004
 

@@ -61,6 +61,19 @@ def test_the_same_seed_gives_the_same_report(small_report):
     assert _run_in_a_fresh_process() == small_report
 
 
+def test_delayed_updates_overlap_training_with_the_exchange():
+    """With one-round-delayed outer updates a round takes the longer of its compute (here 6 s) and
+    its exchange (at least the 2 s cutoff window), not their sum; the nodes still end on one state."""
+    compute = SMALL["inner_steps"] * 1.5
+    delayed = train.run(nodes=8, seed=3, delayed_updates=True, **{**SMALL, "step_seconds": 1.5})
+    assert len(delayed["hashes"]) == 8 and len(set(delayed["hashes"].values())) == 1
+    assert delayed["summary"]["nodes that reached the last round"] == 8
+    round_times = [row[3] for row in delayed["tables"][0]["rows"][1:]]
+    assert all(compute <= seconds < compute + 1.0 for seconds in round_times), round_times
+    # Without the overlap at most 3 x 6 s of compute in 3 x (6 + 2) s: a share of 0.75.
+    assert delayed["summary"]["compute share min"] > 0.78  # 0.82 measured
+
+
 def test_scenario_is_registered():
     assert SCENARIOS["train"] is train.run
 

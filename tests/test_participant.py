@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from locomesh.training.checkpoint import manifest_path, remove_checkpoints
 from locomesh.training.participant import Participant, ParticipantError, RoundSettings
@@ -73,6 +74,45 @@ def test_a_test_adversary_commits_its_attack_not_its_update():
 def test_bad_run_hyperparameters_are_refused(hparams, message):
     with pytest.raises(ParticipantError, match=message):
         RoundSettings.from_hparams(hparams)
+
+
+def test_with_delayed_updates_the_next_round_starts_from_the_outer_step_with_our_own_delta():
+    participant = Participant.for_run({**BODY, "hparams": {**BODY["hparams"], "delayed_updates": True}}, KEYS[0])
+    theta = participant.outer.theta.copy()
+    first = participant.train()
+    start = participant.delayed_start(first)
+    # The outer step with our own Δ for the aggregate (Nesterov: θ − lr·(Δ + μ·(μ·0 + Δ))), state untouched.
+    expected = theta - np.float32(0.7) * (first.delta + np.float32(0.9) * first.delta)
+    assert np.allclose(start, expected, rtol=0, atol=1e-6) and np.array_equal(participant.outer.theta, theta)
+    # Round 2 trains from that start while round 1 is aggregated (θ changes under it: no matter).
+    participant.aggregate({KEYS[0]: first.payload})
+    assert not np.array_equal(participant.outer.theta, start)  # the real aggregate is the decoded payload
+    second = participant.train(start=start)
+    assert np.array_equal(participant.delayed_start(second), participant.outer.preview(second.delta))
+    assert not np.array_equal(participant.train(start=start).delta, participant.train().delta)
+
+
+def test_delayed_updates_train_a_swarm_to_a_lower_loss_with_one_state():
+    """Three peers, round r+1 trained before round r's aggregate is in: they agree and learn."""
+    body = {**BODY, "hparams": {"inner_steps": 8, "batch_size": 8, "delayed_updates": True}}
+    participants = [Participant.for_run(body, key) for key in KEYS]
+    before = participants[0].evaluate()["loss"]
+    trained = [participant.train() for participant in participants]
+    for _ in range(4):
+        starts = [p.delayed_start(t) for p, t in zip(participants, trained)]  # before the aggregate lands
+        payloads = {key: t.payload for key, t in zip(KEYS, trained)}
+        trained = [p.train(start=start) for p, start in zip(participants, starts)]  # overlaps the exchange
+        assert len({p.aggregate(payloads).params_hash for p in participants}) == 1
+    after = participants[0].evaluate()["loss"]
+    assert after < before - 0.03, (before, after)
+
+
+def test_evaluation_leaves_the_training_model_alone():
+    participant = peers()[0]
+    participant.train()
+    weights = [parameter.detach().clone() for parameter in participant.worker.model.parameters()]
+    participant.evaluate()
+    assert all(torch.equal(a, b) for a, b in zip(weights, participant.worker.model.parameters()))
 
 
 def test_old_rounds_are_removed_with_their_chunks_and_the_rest_kept(tmp_path):

@@ -84,3 +84,29 @@ def test_four_daemons_train_through_an_attacker_a_crash_and_a_late_joiner(tmp_pa
         for record in status["history"]:
             assert record["seconds"] < ROUND_DEADLINE
     assert final[-1]["history"][0]["synced"], "the late joiner should have caught up by a sync"
+
+
+def test_with_delayed_updates_rounds_train_ahead_and_honest_peers_still_agree(tmp_path):
+    """One-round-delayed outer updates between real daemons, one of them an attacker: each honest
+    peer trains its next round while the last one is exchanged, and all end on one state."""
+    log = open(tmp_path / "daemons.log", "wb")
+    daemons = start_swarm(tmp_path, 4, log=log, extra_args={ATTACKER: ["--attack", "sign_flip_x100"]})
+    try:
+        wait_connected(daemons)
+        settings = {"inner_steps": 8, "round_deadline_s": ROUND_DEADLINE, "min_peers": 4, "delayed_updates": True}
+        run_id = create_run(daemons[0], settings)
+        join_all(daemons, run_id)
+        final = wait_for(daemons, run_id, lambda s: common_round(s, 10**9) >= 4, 240, "round 4 everywhere")
+    finally:
+        for daemon in daemons:
+            daemon.stop()
+        log.close()
+
+    honest = [status for index, status in enumerate(final) if index != ATTACKER]
+    assert len(hashes_at(honest, common_round(honest, 10**9))) == 1, "honest peers disagree on the parameters"
+    assert final[0]["history"][-1]["eval_loss"] < final[0]["initial_eval_loss"], "eval loss did not fall"
+    for status in honest:
+        trained = [record for record in status["history"] if not record["synced"]]
+        assert not trained[0]["trained_ahead"]  # round 1 has no round before it to overlap
+        assert any(record["trained_ahead"] for record in trained[1:]), status["history"]
+        assert all(record["seconds"] < ROUND_DEADLINE for record in status["history"])

@@ -188,12 +188,24 @@ class OuterStep:
         return exact.scale(g, cap / g_norm), g_norm, True
 
     def _apply(self, g: np.ndarray) -> None:
-        """Nesterov (or plain) momentum and the parameter update, one float32 ufunc per operation.
+        """Nesterov (or plain) momentum and the parameter update (`_momentum_step`). θ and the
+        momentum of the new state are new arrays: a state, once made, is never written again, so
+        it can be stored (or hashed) while the next step runs."""
+        self.theta, self.momentum = self._momentum_step(g)
+
+    def preview(self, g: np.ndarray) -> np.ndarray:
+        """θ after a step whose aggregate were `g`, the state left as it is. A peer training ahead
+        with delayed updates starts from `preview(its own Δ)`: its guess at the next θ."""
+        g = exact.as_flat_f32(g, what="aggregate")
+        if g.size != self.numel:
+            raise ValueError(f"the aggregate has {g.size} values, θ has {self.numel}")
+        return self._momentum_step(g)[0]
+
+    def _momentum_step(self, g: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(θ, momentum) after the update with aggregate `g`, one float32 ufunc per operation.
 
         Slab by slab: the same operations in the same order as whole-vector ufuncs (so the same
-        bits), but each slab of m, g and θ is read once while it is in cache. θ and the momentum
-        of the new state are new arrays: a state, once made, is never written again, so it can be
-        stored (or hashed) while the next step runs."""
+        bits), but each slab of m, g and θ is read once while it is in cache."""
         mu, lr = F32(self.config.momentum), F32(self.config.lr)
         update = np.empty(min(exact.SLAB, self.numel), dtype=F32)
         new_theta, new_momentum = np.empty_like(self.theta), np.empty_like(self.momentum)
@@ -208,7 +220,7 @@ class OuterStep:
                 np.copyto(u, m)
             np.multiply(u, lr, out=u)
             np.subtract(self.theta[start:stop], u, out=new_theta[start:stop])
-        self.theta, self.momentum = new_theta, new_momentum
+        return new_theta, new_momentum
 
     def _state_vector(self, given: np.ndarray | None, what: str) -> np.ndarray:
         if given is None:

@@ -5,6 +5,13 @@ no I/O besides checkpoint files:
 
 - `train()`: H inner AdamW steps from θ_r on this peer's shard, the pseudo-gradient encoded
   (int8/4-bit, error feedback, zstd) into the payload it commits to;
+- with one-round-delayed outer updates (`delayed_updates`), the inner steps of round r+1 start
+  as soon as round r's payload is out, while round r is still exchanged and aggregated, from
+  `delayed_start()`: the outer step taken on θ_{r-1} with this peer's own Δ_r standing in for the
+  aggregate it has not seen yet (an "eager" update: this peer's guess at θ_r). The shared outer
+  step is unchanged: round r+1's Δ lands on the real θ_r, one round late. With 4 peers training
+  a small synthetic-lm model (8 rounds of 20 steps) this reached eval 2.658 against 2.649 with no
+  delay; starting from θ_{r-1} − Δ_r instead reached 2.660 and lagged far more in rounds 2-5;
 - `aggregate(payloads)`: decode, validate, robust-aggregate and take the outer Nesterov step
   (`OuterStep`, bit-exact on every CPU), giving θ_{r+1};
 - `save(directory, run)` / `load(...)`: the shared state as a checkpoint. The shared state is θ,
@@ -19,6 +26,7 @@ change what it contributes, never what the outer step computes from the contribu
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import os
 from dataclasses import dataclass
@@ -55,6 +63,7 @@ class RoundSettings:
     aggregator: str = "centered_clip"
     max_update_norm: float | None = None
     eval_every: int = 1  # evaluate the shared state every this many rounds (0: never)
+    delayed_updates: bool = False  # train round r+1 while round r is exchanged (see the module docstring)
 
     @classmethod
     def from_hparams(cls, hparams: Mapping[str, Any]) -> RoundSettings:
@@ -71,6 +80,8 @@ class RoundSettings:
             raise ParticipantError("batch_size must be an integer in [1, 4096]")
         if not (isinstance(settings.eval_every, int) and settings.eval_every >= 0):
             raise ParticipantError("eval_every must be an integer >= 0")
+        if not isinstance(settings.delayed_updates, bool):
+            raise ParticipantError("delayed_updates must be true or false")
         return settings
 
     def outer_config(self) -> OuterConfig:
@@ -92,6 +103,7 @@ class Contribution:
     steps: int
     train_loss: float
     seconds: float
+    delta: np.ndarray | None = None  # the pseudo-gradient before encoding (what `delayed_start` needs)
 
 
 @dataclass(frozen=True)
@@ -131,6 +143,8 @@ class Participant:
             task, model_seed, run_seed, peer_index(key),
             InnerConfig(lr=settings.inner_lr, batch_size=settings.batch_size),
         )
+        # Its own copy of the model: with delayed updates, θ_r is evaluated while round r+2 trains.
+        self.eval_model = copy.deepcopy(self.worker.model)
         self.key = key
         self.encoder = Encoder(settings.codec, error_feedback=settings.codec != "fp32")
         self.outer = OuterStep(flatten(self.worker.model), settings.outer_config())
@@ -153,16 +167,27 @@ class Participant:
 
     # --- one round ------------------------------------------------------------------------------
 
-    def train(self, stop: Callable[[], bool] | None = None) -> Contribution:
-        """H inner steps from θ_r; the encoded pseudo-gradient (or, for a test adversary, its attack).
-        `stop` is asked after each step: once it says yes, training ends early (the result is then
-        one the caller discards)."""
-        result = self.worker.run_round(self.outer.theta, self.settings.inner_steps, stop=stop)
+    def train(self, stop: Callable[[], bool] | None = None, start: np.ndarray | None = None) -> Contribution:
+        """H inner steps from `start` (default θ_r); the encoded pseudo-gradient (or, for a test
+        adversary, its attack). `stop` is asked after each step: once it says yes, training ends
+        early (the result is then one the caller discards).
+
+        Reads θ only when no `start` is given, so with a `start` it may run while `aggregate`
+        computes the next θ."""
+        result = self.worker.run_round(self.outer.theta if start is None else start,
+                                       self.settings.inner_steps, stop=stop)
         if self.attack is None:
             payload = self.encoder.encode(result.delta)
         else:
             payload = self._attack_payload(result.delta)
-        return Contribution(payload, result.steps, result.mean_loss, result.seconds)
+        return Contribution(payload, result.steps, result.mean_loss, result.seconds, result.delta)
+
+    def delayed_start(self, trained: Contribution) -> np.ndarray:
+        """Where the next round's inner steps start while `trained`'s round is still exchanged: the
+        outer step on θ now (the state that round's aggregate will land on) with `trained`'s Δ in
+        place of the aggregate. Call it before that round's `aggregate`."""
+        assert trained.delta is not None, "a contribution made by `train`"
+        return self.outer.preview(trained.delta)
 
     def aggregate(self, payloads: Mapping[bytes, bytes]) -> OuterResult:
         """The outer step over this round's payloads by author key: θ_{r+1}. Raises like `OuterStep.step`."""
@@ -178,9 +203,10 @@ class Participant:
         return every > 0 and self.round % every == 0
 
     def evaluate(self) -> dict[str, float | None]:
-        """Eval loss of θ_r on the task's held-out data, with the task's floor (None if unknown)."""
-        unflatten_into(self.worker.model, self.outer.theta)
-        return self.task.evaluate(self.worker.model)
+        """Eval loss of θ_r on the task's held-out data, with the task's floor (None if unknown).
+        Uses a model of its own, so it may run while `train` runs."""
+        unflatten_into(self.eval_model, self.outer.theta)
+        return self.task.evaluate(self.eval_model)
 
     # --- the shared state as a checkpoint -------------------------------------------------------
 
