@@ -51,6 +51,7 @@ Compute = Callable[..., Awaitable[Any]]
 POLL_SECONDS = 0.2  # the machine sees the time at least this often (and at once after news)
 FETCH_TIMEOUT = 60.0
 FETCH_RETRY_SECONDS = 0.5
+UNREACHABLE_TRIES = 4  # failed tries, with no connection to its author, after which a payload is given up
 SYNC_TIMEOUT = 300.0
 KEPT_ROUNDS = 3  # payloads and states of older rounds are deleted
 HISTORY = 100
@@ -343,12 +344,18 @@ class RunParticipation:
     async def _fetch(self, work: _Work, author: bytes, payload_id: bytes, size: int) -> None:
         """Fetch one payload, trying again while FETCH_TIMEOUT lasts: a provider that is busy, or a
         payload that only its author has so far, is a reason to wait, not to leave it out (a peer
-        that leaves out what the others include votes for another hash)."""
-        payload, started = None, trio.current_time()
+        that leaves out what the others include votes for another hash). An author we have no
+        connection to, try after try, is gone (it crashed after its commit): its payload is given
+        up after UNREACHABLE_TRIES, not after FETCH_TIMEOUT, which would hold the round up that long
+        (if another peer has the payload, the round's proposal makes us fetch it again)."""
+        payload, started, unreachable = None, trio.current_time(), 0
         with trio.move_on_after(min(FETCH_TIMEOUT, self.machine.timing.round_deadline / 4)):
             while payload is None:
                 payload = await self._download_payload(work.round, author, payload_id, size)
                 if payload is None:
+                    unreachable = 0 if peer_id_from_public_key(author) in self.node.peers else unreachable + 1
+                    if unreachable >= UNREACHABLE_TRIES:
+                        break
                     await trio.sleep(FETCH_RETRY_SECONDS)
         if payload is not None:
             work.payloads[author] = payload

@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from locomesh.netsim.scenarios import SCENARIOS, train
+from locomesh.node.run_participation import FETCH_TIMEOUT
 from locomesh.netsim.sim_participant import JUNK_MARK, SimCost, SimParticipant
 from locomesh.training.participant import ParticipantError
 
@@ -72,6 +73,17 @@ def test_delayed_updates_overlap_training_with_the_exchange():
     assert all(compute <= seconds < compute + 1.0 for seconds in round_times), round_times
     # Without the overlap at most 3 x 6 s of compute in 3 x (6 + 2) s: a share of 0.75.
     assert delayed["summary"]["compute share min"] > 0.78  # 0.82 measured
+
+
+def test_with_delayed_updates_a_node_that_crashes_after_its_commit_costs_less_than_a_fetch_timeout():
+    """Delayed updates commit a round as soon as it starts, so a crash now often follows a commit.
+    The payload of an author that is gone is given up after a few tries, not after FETCH_TIMEOUT."""
+    result = train.run(nodes=10, seed=5, byzantine=2, churn=2, churn_round=2, delayed_updates=True, **SMALL)
+    kinds = {row[0]: row[1] for row in result["tables"][1]["rows"]}
+    honest = {name: h for name, h in result["hashes"].items() if kinds[name] != "byzantine"}
+    assert len(honest) == 8 and len(set(honest.values())) == 1
+    round_two = result["tables"][0]["rows"][1]
+    assert round_two[3] < FETCH_TIMEOUT - 10, round_two  # 37 s measured (dead proposers' turns); 61 s before
 
 
 def test_scenario_is_registered():
