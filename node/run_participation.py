@@ -70,7 +70,7 @@ class RoundRecord:
     floor: float | None
     payload_bytes: int
     seconds: float  # from the start of our training to the round's certificate
-    train_seconds: float | None  # the inner steps of our payload (trained ahead: while the round before was exchanged)
+    train_seconds: float | None  # the inner steps of the payload we committed, if we did (synced rounds too)
     exchange_seconds: float | None  # last counted commit seen -> aggregate computed (fetch + aggregation)
     fetch_seconds: float | None  # last counted commit seen -> the last payload aggregated in hand
     aggregate_seconds: float | None  # the outer step alone (decode, validate, aggregate, Nesterov)
@@ -91,6 +91,7 @@ class _Work:
     payload_size: int = 0
     train_loss: float | None = None
     train_seconds: float | None = None
+    committed: bool = False
     payloads: dict[bytes, bytes] = field(default_factory=dict)  # author -> payload bytes
     arrived: dict[bytes, float] = field(default_factory=dict)  # author -> when its payload was in hand
     exchange_seconds: float | None = None
@@ -242,6 +243,7 @@ class RunParticipation:
                     self._start(self.work.tasks, self._train, self.work)
                 case rm.PublishCommit(round=r, payload_id=payload_id, size=size):
                     self.crdt.write(self.run_id, "commit", round=r, hash=payload_id, size=size)
+                    self.work.committed = True
                 case rm.Fetch(author=author, payload_id=payload_id, size=size):
                     self._start(self.work.fetches, self._fetch, self.work, author, payload_id, size)
                 case rm.PublishProposal(round=r, authors=authors):
@@ -470,14 +472,16 @@ class RunParticipation:
         if self.participant.evaluation_due():
             async with self._compute:
                 evaluation = await self.compute(self.participant.evaluate)
-        mine = work if work is not None and work.round == done.round and not done.synced else None
+        this_round = work if work is not None and work.round == done.round else None
+        mine = None if done.synced else this_round  # we computed the round's state ourselves
+        ours = this_round if this_round is not None and this_round.committed else None  # our payload went out
         self.history.append(RoundRecord(
             round=done.round, state_hash=done.state_hash.hex(), synced=done.synced, contributors=done.contributors,
             train_loss=None if mine is None else mine.train_loss,
             eval_loss=evaluation["loss"], floor=evaluation["floor"],
             payload_bytes=0 if mine is None else mine.payload_size,
             seconds=0.0 if mine is None else now - mine.started,
-            train_seconds=None if mine is None else mine.train_seconds,
+            train_seconds=None if ours is None else ours.train_seconds,
             exchange_seconds=None if mine is None else mine.exchange_seconds,
             fetch_seconds=None if mine is None else mine.fetch_seconds,
             aggregate_seconds=None if mine is None else mine.aggregate_seconds, finished_at=time.time(),

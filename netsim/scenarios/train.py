@@ -263,17 +263,17 @@ class _Run:
         return [share for member in self.members if (share := self._share(member)) is not None]
 
     def _share(self, member: _Member) -> float | None:
-        """Training that went into the node's own payloads of rounds 1..`rounds`, over the virtual
-        seconds from its first training to the last round. Training thrown away (a node that had
-        to sync discards its round, and with delayed updates the round it trained ahead) is not
-        counted, nor the next round trained ahead when the last one ends."""
+        """Training that went into the payloads the node committed in rounds 1..`rounds`, over the
+        virtual seconds from its first training to the last round. Training thrown away before its
+        commit (stopped for a replay or a sync; with delayed updates, a round trained ahead whose
+        base was lost) is not counted, nor the next round trained ahead when the last one ends."""
         participation = member.participation(self.run_id)
         if (member.crashed or participation is None or self.config.rounds not in member.done_at
                 or member.compute.first_train_at is None):
             return None
         start, end = member.compute.first_train_at, member.done_at[self.config.rounds]
         used = sum(record.train_seconds or 0.0 for record in participation.history
-                   if not record.synced and record.round <= self.config.rounds)
+                   if record.round <= self.config.rounds)
         return used / (end - start) if end > start else None
 
     def _summary(self) -> dict:
@@ -328,8 +328,8 @@ class _Run:
             ["node", "kind", "end", "rounds done", "synced", "compute s", "compute share"],
             rows,
             note="Compute s: all modelled training, thrown-away rounds included. Compute share: the training "
-                 "of the node's own payloads of the run's rounds over the virtual seconds from its first "
-                 "training to the last round.",
+                 "of the payloads the node committed in the run's rounds over the virtual seconds from its "
+                 "first training to the last round.",
         )
 
 
