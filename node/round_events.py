@@ -38,6 +38,7 @@ class Observation:
     commits: dict[Author, tuple[PayloadId, int]]  # round certified + 1: author -> (payload ID, size)
     proposals: dict[Author, tuple[Author, ...]] = field(default_factory=dict)  # round certified + 1
     certified_proposals: dict[Author, tuple[Author, ...]] = field(default_factory=dict)  # round certified
+    unreachable: frozenset[Author] = frozenset()  # committed authors we hold no connection to right now
 
 
 @dataclass(frozen=True)

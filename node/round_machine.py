@@ -21,9 +21,12 @@ of the newest certified round c takes part in round c + 1:
    peers compute the same state. A proposer that stays silent hands over to the next one: after
    one window if it did not commit this round (it is probably gone), after PATIENCE windows if it
    did (it is alive, and will propose once it has the payloads: handing over early would split
-   the honest peers between two proposals). Until it starts aggregating, a peer switches to the
-   proposal of an earlier proposer when one appears. A set naming fewer than half of the round's
-   electorate is refused;
+   the honest peers between two proposals), unless this peer holds no connection to it (it
+   crashed after its commit, likely with delayed updates, which commit as a round starts): one
+   window then. Connections are not seen alike everywhere, but a crash cuts all of them at once.
+   Until it starts aggregating, a peer switches to the proposal of an earlier proposer when one
+   appears (so one that moved on too early goes back). A set naming fewer than half of the
+   round's electorate is refused;
 5. it aggregates (decode, validate, robust aggregation, outer step: bit-exact on every CPU),
    writes the new state as a checkpoint and votes for its hash;
 6. when the round is certified it moves on if its hash is the certified one, and otherwise
@@ -323,7 +326,8 @@ class RoundMachine:
 
     def _turn(self, proposer: Author, seen: Observation) -> float:
         """How long `proposer` may take to propose before the next one's turn."""
-        return self.window() * (PATIENCE if proposer in seen.commits else 1)
+        alive = proposer in seen.commits and proposer not in seen.unreachable
+        return self.window() * (PATIENCE if alive else 1)
 
     def _acceptable(self, proposal: tuple[Author, ...], seen: Observation) -> bool:
         """Every author named committed, and they are more than half of the electorate (a rule

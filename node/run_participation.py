@@ -51,7 +51,6 @@ Compute = Callable[..., Awaitable[Any]]
 POLL_SECONDS = 0.2  # the machine sees the time at least this often (and at once after news)
 FETCH_TIMEOUT = 60.0
 FETCH_RETRY_SECONDS = 0.5
-UNREACHABLE_TRIES = 4  # failed tries, with no connection to its author, after which a payload is given up
 SYNC_TIMEOUT = 300.0
 KEPT_ROUNDS = 3  # payloads and states of older rounds are deleted
 HISTORY = 100
@@ -155,6 +154,7 @@ class RunParticipation:
         self.delayed = participant.settings.delayed_updates
         self._training = trio.Lock() if self.delayed else self._compute  # see the module docstring
         self._ahead: _Ahead | None = None
+        self._peer_ids: dict[bytes, str] = {}  # author key -> peer ID (derived once)
         self._events_in, self._events = trio.open_memory_channel[rm.Event](math.inf)
         self._news: trio.CancelScope | None = None
         self._unstored: tuple[int, Any, bytes] | None = None  # the newest state not yet stored
@@ -196,15 +196,23 @@ class RunParticipation:
     def _observe(self) -> rm.Observation:
         state = self.replica.state
         next_round = state.round + 1
+        commits = self.replica.commits(next_round)
         return rm.Observation(
             now=trio.current_time(),
             certified=state.round,
             certified_hash=state.rounds[-1][1] if state.rounds else None,
             electorate=frozenset(self.replica.electorate(next_round)),
-            commits=self.replica.commits(next_round),
+            commits=commits,
             proposals=self.replica.proposals(next_round),
             certified_proposals=self.replica.proposals(state.round) if state.round else {},
+            unreachable=frozenset(author for author in commits if author != self.me and not self._connected(author)),
         )
+
+    def _connected(self, author: bytes) -> bool:
+        peer_id = self._peer_ids.get(author)
+        if peer_id is None:
+            peer_id = self._peer_ids[author] = peer_id_from_public_key(author)
+        return peer_id in self.node.peers
 
     def status(self) -> dict[str, Any]:
         state = self.replica.state
@@ -346,17 +354,16 @@ class RunParticipation:
     async def _fetch(self, work: _Work, author: bytes, payload_id: bytes, size: int) -> None:
         """Fetch one payload, trying again while FETCH_TIMEOUT lasts: a provider that is busy, or a
         payload that only its author has so far, is a reason to wait, not to leave it out (a peer
-        that leaves out what the others include votes for another hash). An author we have no
-        connection to, try after try, is gone (it crashed after its commit): its payload is given
-        up after UNREACHABLE_TRIES, not after FETCH_TIMEOUT, which would hold the round up that long
-        (if another peer has the payload, the round's proposal makes us fetch it again)."""
-        payload, started, unreachable = None, trio.current_time(), 0
+        that leaves out what the others include votes for another hash). But an author we hold no
+        connection to after a failed try is gone (it crashed after its commit; each try waits for
+        dials to it to time out): its payload is given up then, not after FETCH_TIMEOUT, which held
+        the round up that long. If another peer has it, the round's proposal makes us fetch it again."""
+        payload, started = None, trio.current_time()
         with trio.move_on_after(min(FETCH_TIMEOUT, self.machine.timing.round_deadline / 4)):
             while payload is None:
                 payload = await self._download_payload(work.round, author, payload_id, size)
                 if payload is None:
-                    unreachable = 0 if peer_id_from_public_key(author) in self.node.peers else unreachable + 1
-                    if unreachable >= UNREACHABLE_TRIES:
+                    if not self._connected(author):
                         break
                     await trio.sleep(FETCH_RETRY_SECONDS)
         if payload is not None:

@@ -288,6 +288,20 @@ def test_a_silent_proposer_that_did_not_commit_hands_over_after_one_window():
     assert actions == [rm.PublishProposal(1, mine), rm.StartAggregate(1, mine, 1.0)]
 
 
+def test_a_silent_proposer_that_committed_but_is_unreachable_hands_over_after_one_window():
+    """It committed, then crashed (our connection to it is gone): no PATIENCE for it."""
+    commits = {A: (b"pa" * 16, 10), B: (b"pb" * 16, 10)}
+    machine, electorate = _second_in_line_after_everyone_committed(commits)
+    first = rm.proposer_order(1, set(electorate))[0]
+    gone = frozenset({first})
+    observe = lambda now: machine.handle(rm.Observation(now, 0, None, frozenset(electorate), commits, unreachable=gone))
+    assert observe(1.2) == []  # everyone in: cut; the first proposer's turn
+    closed = machine.current.closed_at
+    assert observe(closed + rm.MIN_COLLECT_SECONDS - 0.1) == []
+    everyone = tuple(sorted(electorate))
+    assert observe(closed + rm.MIN_COLLECT_SECONDS) == [rm.PublishProposal(1, everyone), rm.StartAggregate(1, everyone, 1.0)]
+
+
 def test_a_late_proposal_of_an_earlier_proposer_wins_until_aggregation_starts():
     commits = {A: (b"pa" * 16, 10), B: (b"pb" * 16, 10)}
     machine, electorate = _second_in_line_after_everyone_committed(commits)
