@@ -1,9 +1,9 @@
 """A participant whose training costs modelled time instead of CPU, for the `train` scenario.
 
 `SimParticipant` has the public surface of `locomesh.training.participant.Participant` that the
-round protocol uses (`train`, `aggregate`, `save`, `load`, `evaluation_due`, `evaluate`, `round`, `outer.numel`,
-`settings.inner_steps`), so the daemon's real `RoundService` and `RunParticipation` drive it
-unchanged. What differs:
+round protocol uses (`train`, `delayed_start`, `aggregate`, `save`, `load`, `evaluation_due`, `evaluate`,
+`round`, `outer.numel`, `settings.inner_steps`, `settings.delayed_updates`), so the daemon's real
+`RoundService` and `RunParticipation` drive it unchanged. What differs:
 
 - `train` does no arithmetic: it returns a payload of `payload_bytes` bytes drawn from a
   generator seeded by (our key, round), so a run is repeatable, and notes that it cost
