@@ -7,7 +7,7 @@ else:
   time under `_compute`, so a discarded round's thread finishes before a sync touches the state;
 - with one-round-delayed outer updates (the run's `delayed_updates`), training runs under a lock
   of its own instead (`_training`): once round r's payload is made, round r+1's inner steps start
-  at once, from `Participant.delayed_start` (an `_Ahead`), while round r is exchanged, aggregated
+  at once, from `Participant.delayed_start` (a `TrainingAhead`), while round r is exchanged, aggregated
   and certified; when the machine then starts round r+1, its payload is (nearly) ready;
 - payloads are published as content-addressed checkpoints in the node's checkpoint store, so the
   checkpoint service serves them (over its authenticated data plane) and any peer that fetched a
@@ -25,10 +25,7 @@ from __future__ import annotations
 
 import logging
 import math
-import threading
-import time
 from collections import deque
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
@@ -42,6 +39,7 @@ from locomesh.training.checkpoint_manifest import Manifest, manifest_path, read_
 
 from . import round_machine as rm
 from .checkpoint_download import DownloadError, DownloadProgress, Offload, checkpoint_store, download_checkpoint
+from .round_work import RoundRecord, RoundWork, TrainingAhead
 from .runtime import Node
 
 logger = logging.getLogger(__name__)
@@ -54,77 +52,6 @@ FETCH_RETRY_SECONDS = 0.5
 SYNC_TIMEOUT = 300.0
 KEPT_ROUNDS = 3  # payloads and states of older rounds are deleted
 HISTORY = 100
-
-
-@dataclass
-class RoundRecord:
-    """One finished round, for `run.status` and the swarm's progress lines."""
-
-    round: int
-    state_hash: str
-    synced: bool
-    contributors: int
-    train_loss: float | None
-    eval_loss: float | None
-    floor: float | None
-    payload_bytes: int
-    seconds: float  # from the start of our training to the round's certificate
-    train_seconds: float | None  # the inner steps of the payload we committed, if we did (synced rounds too)
-    exchange_seconds: float | None  # last counted commit seen -> aggregate computed (fetch + aggregation)
-    fetch_seconds: float | None  # last counted commit seen -> the last payload aggregated in hand
-    aggregate_seconds: float | None  # the outer step alone (decode, validate, aggregate, Nesterov)
-    finished_at: float
-    trained_ahead: bool = False  # our payload was trained while the round before was exchanged (delayed updates)
-
-    def to_json(self) -> dict[str, Any]:
-        return dict(self.__dict__)
-
-
-@dataclass
-class _Work:
-    """What this peer has for the round being trained."""
-
-    round: int
-    started: float
-    payload_id: bytes = b""
-    payload_size: int = 0
-    train_loss: float | None = None
-    train_seconds: float | None = None
-    committed: bool = False
-    payloads: dict[bytes, bytes] = field(default_factory=dict)  # author -> payload bytes
-    arrived: dict[bytes, float] = field(default_factory=dict)  # author -> when its payload was in hand
-    exchange_seconds: float | None = None
-    fetch_seconds: float | None = None
-    aggregate_seconds: float | None = None
-    trained_ahead: bool = False
-    fetches: list[trio.CancelScope] = field(default_factory=list)
-    tasks: list[trio.CancelScope] = field(default_factory=list)  # training, aggregation
-    # Set to stop the inner steps at the next step: a cancelled thread cannot be interrupted, and
-    # the compute lock it holds would keep a replay (or a sync's load) waiting for all H steps.
-    stop_training: threading.Event = field(default_factory=threading.Event)
-
-    def cancel(self, *, fetches_only: bool = False, training_only: bool = False) -> None:
-        """Cancel the fetches, or the tasks (training; aggregation only once it runs), or both."""
-        if not fetches_only:
-            self.stop_training.set()
-        for scope in [*(() if training_only else self.fetches), *(() if fetches_only else self.tasks)]:
-            scope.cancel()
-
-
-@dataclass
-class _Ahead:
-    """Inner steps of a round, started before the machine starts that round (delayed updates)."""
-
-    round: int
-    stop: threading.Event = field(default_factory=threading.Event)
-    done: trio.Event = field(default_factory=trio.Event)
-    contribution: Any = None  # set once training finished (None if it was cancelled)
-    scopes: list[trio.CancelScope] = field(default_factory=list)
-
-    def cancel(self) -> None:
-        self.stop.set()
-        for scope in self.scopes:
-            scope.cancel()
 
 
 class RunParticipation:
@@ -145,7 +72,7 @@ class RunParticipation:
         self.me = node.identity.public_key
         self.machine = rm.RoundMachine(self.me, timing=timing)
         self.history: deque[RoundRecord] = deque(maxlen=HISTORY)
-        self.work: _Work | None = None
+        self.work: RoundWork | None = None
         self.syncs: list[trio.CancelScope] = []
         self.payloads_sent = 0
         self.initial_eval: dict[str, Any] = {}
@@ -153,7 +80,7 @@ class RunParticipation:
         self._compute = trio.Lock()
         self.delayed = participant.settings.delayed_updates
         self._training = trio.Lock() if self.delayed else self._compute  # see the module docstring
-        self._ahead: _Ahead | None = None
+        self._ahead: TrainingAhead | None = None
         self._peer_ids: dict[bytes, str] = {}  # author key -> peer ID (derived once)
         self._events_in, self._events = trio.open_memory_channel[rm.Event](math.inf)
         self._news: trio.CancelScope | None = None
@@ -247,7 +174,7 @@ class RunParticipation:
         for action in actions:
             match action:
                 case rm.StartTraining(round=r):
-                    self.work = _Work(r, trio.current_time())
+                    self.work = RoundWork(r, trio.current_time())
                     self._start(self.work.tasks, self._train, self.work)
                 case rm.PublishCommit(round=r, payload_id=payload_id, size=size):
                     self.crdt.write(self.run_id, "commit", round=r, hash=payload_id, size=size)
@@ -299,7 +226,7 @@ class RunParticipation:
 
     # --- the work -----------------------------------------------------------------------------
 
-    async def _train(self, work: _Work) -> None:
+    async def _train(self, work: RoundWork) -> None:
         if self.delayed:
             contribution = await self._train_delayed(work)
         else:
@@ -312,7 +239,7 @@ class RunParticipation:
         self.payloads_sent += 1
         self._emit(rm.Trained(work.round, manifest.id, len(contribution.payload), contribution.seconds, trio.current_time()))
 
-    async def _train_delayed(self, work: _Work) -> Any:
+    async def _train_delayed(self, work: RoundWork) -> Any:
         """This round's contribution, trained ahead if it was (else now, from θ); then the next
         round's inner steps start, from θ moved by this contribution (`Participant.delayed_start`)."""
         ahead = self._ahead
@@ -328,11 +255,11 @@ class RunParticipation:
                 contribution = await self.compute(self.participant.train, work.stop_training.is_set)
         async with self._compute:  # θ is the state this round's aggregate will land on until that runs
             start = await self.compute(self.participant.delayed_start, contribution)
-        self._ahead = _Ahead(work.round + 1)
+        self._ahead = TrainingAhead(work.round + 1)
         self._start(self._ahead.scopes, self._train_ahead, self._ahead, start)
         return contribution
 
-    async def _train_ahead(self, ahead: _Ahead, start: Any) -> None:
+    async def _train_ahead(self, ahead: TrainingAhead, start: Any) -> None:
         try:
             async with self._training:
                 ahead.contribution = await self.compute(self.participant.train, ahead.stop.is_set, start)
@@ -351,7 +278,7 @@ class RunParticipation:
         tensors = {"payload": np.frombuffer(payload, dtype=np.uint8)}
         return store.write_checkpoint(self.directory, tensors, {"round": round_number, "run": self.run_id, "kind": "payload"})
 
-    async def _fetch(self, work: _Work, author: bytes, payload_id: bytes, size: int) -> None:
+    async def _fetch(self, work: RoundWork, author: bytes, payload_id: bytes, size: int) -> None:
         """Fetch one payload, trying again while FETCH_TIMEOUT lasts: a provider that is busy, or a
         payload that only its author has so far, is a reason to wait, not to leave it out (a peer
         that leaves out what the others include votes for another hash). But an author we hold no
@@ -390,7 +317,7 @@ class RunParticipation:
         data = payload.numpy().tobytes()
         return data if len(data) == size else None
 
-    async def _aggregate(self, work: _Work, authors: tuple[bytes, ...], last_commit: float) -> None:
+    async def _aggregate(self, work: RoundWork, authors: tuple[bytes, ...], last_commit: float) -> None:
         """The outer step and the vote; then, off the critical path, the state checkpoint. The
         vote names the new state's hash, computed in memory; compressing and storing the state
         runs while the next round trains (a snapshot of the state: the outer step never writes
@@ -473,27 +400,13 @@ class RunParticipation:
         logger.info("run %s: synced to round %d", short_run_id(self.run_id), round_number)
         return state_hash
 
-    async def _record(self, done: rm.RoundDone, work: _Work | None) -> None:
+    async def _record(self, done: rm.RoundDone, work: RoundWork | None) -> None:
         now = trio.current_time()
         evaluation: dict[str, Any] = {"loss": None, "floor": None}
         if self.participant.evaluation_due():
             async with self._compute:
                 evaluation = await self.compute(self.participant.evaluate)
-        this_round = work if work is not None and work.round == done.round else None
-        mine = None if done.synced else this_round  # we computed the round's state ourselves
-        ours = this_round if this_round is not None and this_round.committed else None  # our payload went out
-        self.history.append(RoundRecord(
-            round=done.round, state_hash=done.state_hash.hex(), synced=done.synced, contributors=done.contributors,
-            train_loss=None if mine is None else mine.train_loss,
-            eval_loss=evaluation["loss"], floor=evaluation["floor"],
-            payload_bytes=0 if mine is None else mine.payload_size,
-            seconds=0.0 if mine is None else now - mine.started,
-            train_seconds=None if ours is None else ours.train_seconds,
-            exchange_seconds=None if mine is None else mine.exchange_seconds,
-            fetch_seconds=None if mine is None else mine.fetch_seconds,
-            aggregate_seconds=None if mine is None else mine.aggregate_seconds, finished_at=time.time(),
-            trained_ahead=mine is not None and mine.trained_ahead,
-        ))
+        self.history.append(RoundRecord.of(done, work, evaluation, now))
         await self.offload(self._forget_old_rounds, done.round)
 
     def _forget_old_rounds(self, round_number: int) -> None:
