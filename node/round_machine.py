@@ -337,17 +337,19 @@ class RoundMachine:
     def _follow(self, proposal: tuple[Author, ...]) -> list[Action]:
         work = self.current
         work.chosen = proposal
-        work.failed -= set(proposal)  # a payload the proposer had can be fetched again
         return self._refetch() + self._aggregate_if_ready()
 
     def _refetch(self) -> list[Action]:
-        """Fetch what the chosen proposal names and we lack (never seen, or failed before)."""
+        """Fetch what the chosen proposal names and we lack: never seen, or failed before (the
+        proposer had it, so it can be fetched again). A payload seen and not failed is in flight."""
         work, seen = self.current, self.last
         actions: list[Action] = []
         for author in work.chosen:
-            if author == self.me or author in work.fetched or (author in work.arrivals and author not in work.failed):
+            in_flight = author in work.arrivals and author not in work.failed
+            if author == self.me or author in work.fetched or in_flight:
                 continue
             if author in seen.commits:
+                work.failed.discard(author)  # in flight again
                 work.arrivals.setdefault(author, seen.now)
                 payload_id, size = seen.commits[author]
                 actions.append(Fetch(work.number, author, payload_id, size))

@@ -247,6 +247,27 @@ def test_a_peer_that_is_not_the_proposer_follows_the_proposal_and_fetches_what_i
     assert machine.handle(rm.Fetched(1, B, True, 3.4)) == [rm.StartAggregate(1, proposal, 1.1)]
 
 
+def test_a_payload_whose_fetch_failed_before_our_cut_is_fetched_again_when_the_proposal_names_it():
+    """The fetch of B's payload failed (a provider reset the connection), so our cut leaves B out;
+    the proposer's set names B. Following it must fetch B again: waiting for the failed fetch held
+    two of four daemons in round 4 of bench/round_exchange.py until the bench gave up."""
+    me = _key_placed(2)
+    first = rm.proposer_order(1, {me, A, B})[0]
+    machine = rm.RoundMachine(me)
+    machine.handle(seen(0.0, electorate=(me, A, B)))
+    machine.handle(rm.Trained(1, b"p" * 32, 100, 1.0, 1.0))
+    commits = {A: (b"pa" * 16, 10), B: (b"pb" * 16, 11)}
+    machine.handle(seen(1.1, electorate=(me, A, B), commits=commits))
+    assert machine.handle(rm.Fetched(1, A, True, 1.2)) == []
+    assert machine.handle(rm.Fetched(1, B, False, 1.3)) == []  # cut without B; waiting for the proposer
+    assert machine.phase is rm.Phase.PROPOSE
+    proposal = tuple(sorted((me, A, B)))
+    actions = machine.handle(seen(1.4, electorate=(me, A, B), commits=commits, proposals={first: proposal}))
+    assert actions == [rm.Fetch(1, B, b"pb" * 16, 11)]
+    assert machine.handle(rm.Fetched(1, B, False, 1.6)) == [rm.Fetch(1, B, b"pb" * 16, 11)]  # and again
+    assert machine.handle(rm.Fetched(1, B, True, 1.9)) == [rm.StartAggregate(1, proposal, 1.1)]
+
+
 def _second_in_line_after_everyone_committed(commits):
     """A machine second in proposer order that has cut the round with `commits` from A and B in."""
     me = _key_placed(1)
