@@ -153,6 +153,9 @@ def train(daemons: list[DaemonProcess], run_id: str, rounds: int, *, timeout: fl
     statuses: list[dict] = [{"history": []} for _ in daemons]
     while True:
         statuses = [_status(daemon, run_id, last) for daemon, last in zip(daemons, statuses)]
+        for daemon, status in zip(daemons, statuses):
+            if status.get("phase") == "failed":  # it will not train on: waiting out the timeout would hide why
+                raise DaemonError(f"daemon {daemon.data_dir.name} stopped training: {status.get('error')}")
         done = min(max((record["round"] for record in status["history"]), default=0) for status in statuses)
         while reported < min(done, rounds):
             reported += 1

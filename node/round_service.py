@@ -150,7 +150,7 @@ class RoundService:
                 await participation.run()
             except Exception as error:  # noqa: BLE001 - one run's bug must not take the daemon down
                 logger.exception("run %s: training stopped", short_run_id(participation.run_id))
-                participation.failure = f"{type(error).__name__}: {error}"
+                participation.failure = _describe(error)
 
     async def _resume(self, manifest: bytes) -> None:
         try:
@@ -267,3 +267,10 @@ def _parse(run_id: Any) -> bytes:
         return parse_run_id(run_id)
     except ProtocolError as error:
         raise RpcError.invalid_params(error.reason) from None
+
+
+def _describe(error: BaseException) -> str:
+    """The "Type: message" of each exception raised, looking through the nursery groups around them."""
+    if isinstance(error, BaseExceptionGroup):
+        return "; ".join(_describe(inner) for inner in error.exceptions)
+    return f"{type(error).__name__}: {error}"
