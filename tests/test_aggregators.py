@@ -137,6 +137,17 @@ def test_bit_identical_under_any_input_order(name):
     assert len(by_content) == 1 and len(by_key) == 1
 
 
+@pytest.mark.parametrize("name", sorted(AGGREGATORS))
+def test_an_aggregate_written_into_out_has_the_bits_of_a_new_one(name):
+    rows = honest_rows(4, count=7, numel=20_000) + huge_attackers(5, count=2, numel=20_000)
+    options = {"krum": {"f": 2}, "multi_krum": {"f": 2, "m": 3}}.get(name, {})
+    previous = honest_rows(6, count=1, numel=20_000)[0]
+    out = np.full(20_000, np.nan, dtype=np.float32)  # stale contents must not leak into the result
+    written = aggregate(name, rows, previous=previous, out=out, **options)
+    assert written is out
+    assert exact.params_hash(out) == exact.params_hash(aggregate(name, rows, previous=previous, **options))
+
+
 def test_signed_zeros_do_not_change_sorting_results():
     plus = np.zeros(4, np.float32)
     minus = -plus

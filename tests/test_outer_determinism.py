@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from locomesh.training.codec import Encoder, non_finite_payload
-from locomesh.training.outer import EmptyRoundError, OuterStep, params_hash
+from locomesh.training.outer import EmptyRoundError, OuterStep, SpareVectors, params_hash
 
 NUMEL = 100_001  # several slabs and a ragged tail
 AUTHORS = 6
@@ -36,7 +36,7 @@ CAP = 60.0  # below the first round's aggregate norm, so the cap path runs
 PROBE = r"""
 import json, pathlib, sys
 import numpy as np
-from locomesh.training.outer import EmptyRoundError, OuterStep, params_hash
+from locomesh.training.outer import EmptyRoundError, OuterStep, SpareVectors, params_hash
 
 folder = pathlib.Path(sys.argv[1])
 spec = json.loads((folder / "spec.json").read_text())
@@ -225,3 +225,43 @@ def test_krum_counts_rejected_payloads_against_f():
     result = step.step(payloads)
     assert sorted(result.rejected) == [b"nan1", b"nan2"] and len(result.accepted) == 7
     assert step.config.aggregator_options == {"f": 3}  # the configured bound is unchanged for later rounds
+
+
+def test_a_spare_vector_is_reused_only_once_nothing_else_holds_it():
+    spares = SpareVectors()
+    held, viewed = np.zeros(16, np.float32), np.zeros(16, np.float32)
+    view = viewed[4:]
+    spares.retire(held, viewed, view)  # a view owns no memory: never kept
+    viewed_id = id(viewed)
+    del viewed  # still reachable through view.base
+    taken = spares.take(16)
+    assert taken is not held and id(taken) != viewed_id  # a new vector: both retired ones are in use
+    del view
+    assert id(spares.take(16)) == viewed_id  # its last holder is gone
+    assert spares.take(16) is not held  # the test still holds it
+    held_id = id(held)
+    del held
+    assert id(spares.take(16)) == held_id
+    assert spares.take(8).size == 8  # no spare of that size: a new vector
+
+
+def test_reusing_replaced_arrays_never_changes_a_state_someone_holds():
+    """Snapshots of θ, momentum and the previous aggregate taken after each step keep their
+    bits through later steps (which write into replaced arrays once they are free), and the
+    steps give the same θ as steps that never reuse an array."""
+    rng = np.random.default_rng(11)
+    theta = rng.standard_normal(5_000).astype(np.float32)
+    reusing, fresh = OuterStep(theta), OuterStep(theta)
+    fresh._spares.KEEP = 0  # retires nothing: every array is new
+    held: list[tuple[np.ndarray, ...]] = []
+    for round_number in range(6):
+        payloads = {bytes([i]): Encoder("int8").encode(rng.standard_normal(5_000).astype(np.float32)) for i in range(4)}
+        a, b = reusing.step(payloads), fresh.step(payloads)
+        assert a.params_hash == b.params_hash
+        assert np.array_equal(reusing.momentum, fresh.momentum) and np.array_equal(reusing.previous, fresh.previous)
+        if round_number % 2 == 0:  # a state being stored while the next rounds run
+            state = (reusing.theta, reusing.momentum, reusing.previous)
+            held.append((state, tuple(params_hash(v) for v in state)))
+    for state, hashes in held:
+        assert tuple(params_hash(v) for v in state) == hashes
+    assert len(reusing._spares._vectors) > 0

@@ -35,12 +35,12 @@ class AggregatorError(ValueError):
     """Contributions or options that an aggregator cannot work with (a configuration error)."""
 
 
-def mean(rows: Rows, *, previous: np.ndarray | None = None) -> np.ndarray:
+def mean(rows: Rows, *, previous: np.ndarray | None = None, out: np.ndarray | None = None) -> np.ndarray:
     """The plain average: breakdown point 0 (one contribution can move it anywhere)."""
-    return exact.mean_rows(rows)
+    return exact.mean_rows(rows, out=out)
 
 
-def coordinate_median(rows: Rows, *, previous: np.ndarray | None = None) -> np.ndarray:
+def coordinate_median(rows: Rows, *, previous: np.ndarray | None = None, out: np.ndarray | None = None) -> np.ndarray:
     """Per coordinate, the median (the mean of the two middle values when n is even)."""
     k = len(rows)
 
@@ -52,10 +52,12 @@ def coordinate_median(rows: Rows, *, previous: np.ndarray | None = None) -> np.n
         np.multiply(ordered[k // 2 - 1], F32(0.5), out=out)
         np.add(out, np.multiply(ordered[k // 2], F32(0.5), dtype=F32), out=out)
 
-    return _per_coordinate_sorted(rows, middle)
+    return _per_coordinate_sorted(rows, middle, out)
 
 
-def trimmed_mean(rows: Rows, *, previous: np.ndarray | None = None, beta: float = 0.1) -> np.ndarray:
+def trimmed_mean(
+    rows: Rows, *, previous: np.ndarray | None = None, beta: float = 0.1, out: np.ndarray | None = None
+) -> np.ndarray:
     """Per coordinate, drop the floor(β·n) largest and smallest values and average the rest."""
     k = len(rows)
     if not 0.0 <= beta < 0.5:
@@ -69,11 +71,16 @@ def trimmed_mean(rows: Rows, *, previous: np.ndarray | None = None, beta: float 
             np.add(out, row, out=out)
         np.divide(out, F32(kept), out=out)
 
-    return _per_coordinate_sorted(rows, average_middle)
+    return _per_coordinate_sorted(rows, average_middle, out)
 
 
 def geometric_median(
-    rows: Rows, *, previous: np.ndarray | None = None, iterations: int = 8, eps: float = 1e-12
+    rows: Rows,
+    *,
+    previous: np.ndarray | None = None,
+    iterations: int = 8,
+    eps: float = 1e-12,
+    out: np.ndarray | None = None,
 ) -> np.ndarray:
     """Smoothed Weiszfeld (Pillutla et al., RFA) from the coordinate median, a fixed number of steps.
 
@@ -89,7 +96,7 @@ def geometric_median(
         total = math.fsum(weights)
         return [w / total for w in weights]
 
-    return _weighted_steps(rows, coordinate_median(rows), weiszfeld_coefficients, iterations)
+    return _weighted_steps(rows, coordinate_median(rows), weiszfeld_coefficients, iterations, out=out)
 
 
 def centered_clip(
@@ -99,6 +106,7 @@ def centered_clip(
     tau: float | None = None,
     iterations: int = 5,
     shell_ratio: float = 1.05,
+    out: np.ndarray | None = None,
 ) -> np.ndarray:
     """CenteredClip (Karimireddy, He & Jaggi 2021): v ← v + mean_i clip(x_i − v, τ), up to `iterations` times.
 
@@ -151,10 +159,12 @@ def centered_clip(
         return r <= shell_ratio * min(distances) and max(distances) <= shell_ratio * r
 
     center = coordinate_median(rows) if previous is None else _checked_previous(previous, rows[0].size)
-    return _weighted_steps(rows, center, clip_coefficients, iterations, last_step=in_shell)
+    return _weighted_steps(rows, center, clip_coefficients, iterations, last_step=in_shell, out=out)
 
 
-def multi_krum(rows: Rows, *, previous: np.ndarray | None = None, f: int, m: int) -> np.ndarray:
+def multi_krum(
+    rows: Rows, *, previous: np.ndarray | None = None, f: int, m: int, out: np.ndarray | None = None
+) -> np.ndarray:
     """Multi-Krum (Blanchard et al. 2017): average the m contributions with the lowest Krum scores.
 
     A score is the sum of a contribution's n − f − 2 smallest squared distances
@@ -172,12 +182,12 @@ def multi_krum(rows: Rows, *, previous: np.ndarray | None = None, f: int, m: int
         nearest = sorted(distances[i][j] for j in range(k) if j != i)[: k - f - 2]
         scores.append(math.fsum(nearest))
     chosen = sorted(sorted(range(k), key=lambda i: (scores[i], i))[:m])
-    return exact.mean_rows([rows[i] for i in chosen])
+    return exact.mean_rows([rows[i] for i in chosen], out=out)
 
 
-def krum(rows: Rows, *, previous: np.ndarray | None = None, f: int) -> np.ndarray:
+def krum(rows: Rows, *, previous: np.ndarray | None = None, f: int, out: np.ndarray | None = None) -> np.ndarray:
     """Krum: the one contribution with the lowest score (multi-Krum with m = 1)."""
-    return multi_krum(rows, f=f, m=1)
+    return multi_krum(rows, f=f, m=1, out=out)
 
 
 Aggregator = Callable[..., np.ndarray]
@@ -201,6 +211,7 @@ def aggregate(
     previous: np.ndarray | None = None,
     bucket_size: int | None = None,
     bucket_seed: bytes = b"",
+    out: np.ndarray | None = None,
     **options,
 ) -> np.ndarray:
     """Aggregate `contributions` with the aggregator `name`; the result does not depend on their order.
@@ -209,7 +220,9 @@ def aggregate(
     contribution, e.g. author public keys) or, without keys, by the SHA-256 of
     their bytes. With `bucket_size` s > 1 they are then shuffled by `bucket_seed`
     (the round's shared randomness), averaged in buckets of s (Karimireddy et al.
-    2022), and the bucket means are aggregated. Returns a new float32 vector.
+    2022), and the bucket means are aggregated. Returns a new float32 vector, or
+    `out` (a float32 vector of the contributions' size that is none of them, nor
+    `previous`) filled with it.
     """
     function = AGGREGATORS.get(name)
     if function is None:
@@ -218,7 +231,7 @@ def aggregate(
     rows = canonical_order(contributions, keys)
     if bucket_size is not None and bucket_size > 1:
         rows = bucket_means(rows, bucket_size, bucket_seed)
-    return function(rows, previous=previous, **options)
+    return function(rows, previous=previous, out=out, **options)
 
 
 def canonical_order(contributions: Rows, keys: Sequence[bytes] | None = None) -> list[np.ndarray]:
@@ -248,7 +261,9 @@ def bucket_means(rows: Rows, size: int, seed: bytes) -> list[np.ndarray]:
 # -- building blocks ---------------------------------------------------------
 
 
-def _per_coordinate_sorted(rows: Rows, reduce_sorted: Callable[[list[np.ndarray], np.ndarray], None]) -> np.ndarray:
+def _per_coordinate_sorted(
+    rows: Rows, reduce_sorted: Callable[[list[np.ndarray], np.ndarray], None], out: np.ndarray | None = None
+) -> np.ndarray:
     """Sort every coordinate's n values (slab by slab) and let `reduce_sorted(sorted_rows, out)` pick from them.
 
     The sort is a sorting network (`sorting_network`): a fixed list of
@@ -258,7 +273,7 @@ def _per_coordinate_sorted(rows: Rows, reduce_sorted: Callable[[list[np.ndarray]
     matter which of two equal values a minimum returns.
     """
     k, numel = len(rows), rows[0].size
-    out = np.empty(numel, dtype=F32)
+    out = np.empty(numel, dtype=F32) if out is None else out
     block = np.empty((k + 1, exact.SLAB), dtype=F32)
     network = sorting_network(k)
     for start, stop in exact.slabs(numel):
@@ -304,6 +319,7 @@ def _weighted_steps(
     coefficients: Callable[[list[float]], list[float]],
     iterations: int,
     last_step: Callable[[list[float]], bool] = lambda distances: False,
+    out: np.ndarray | None = None,
 ) -> np.ndarray:
     """Iterate v ← v + Σ_i a_i (x_i − v), with a = coefficients(‖x_i − v‖ for all i); return the last v.
 
@@ -338,7 +354,7 @@ def _weighted_steps(
         if iteration == iterations - 1 or last_step(distances):
             break
         squared = _squared_distances_after_step(squared, weights_before, step, points)
-    return exact.linear_combination(points, weights)
+    return exact.linear_combination(points, weights, out=out)
 
 
 def _squared_distances_after_step(
@@ -368,7 +384,7 @@ def _checked_previous(previous: np.ndarray, numel: int) -> np.ndarray:
 
 
 def _check_options(name: str, function: Aggregator, options: dict) -> None:
-    accepted = set(inspect.signature(function).parameters) - {"rows", "previous"}
+    accepted = set(inspect.signature(function).parameters) - {"rows", "previous", "out"}
     unknown = set(options) - accepted
     if unknown:
         raise AggregatorError(f"{name} takes no option(s) {sorted(unknown)}; it takes {sorted(accepted)}")

@@ -173,14 +173,16 @@ def squared_distances(rows: Sequence[np.ndarray], center: np.ndarray) -> list[fl
     return sums.finish()
 
 
-def linear_combination(vectors: Sequence[np.ndarray], weights: Sequence[float]) -> np.ndarray:
+def linear_combination(
+    vectors: Sequence[np.ndarray], weights: Sequence[float], out: np.ndarray | None = None
+) -> np.ndarray:
     """Σ_i float32(weights[i])·vectors[i] in float32: each product rounded, then added in the given order.
 
     Vectors whose weight is exactly 0 are skipped: their terms are ±0, which
     can change nothing but the sign of a zero, and every zero of the result is
     made +0.0.
     """
-    out = np.empty(vectors[0].size, dtype=F32)
+    out = np.empty(vectors[0].size, dtype=F32) if out is None else out
     for start, stop, combined, _ in _combination_by_slab(vectors, weights, scratch_rows=0):
         out[start:stop] = combined
     return out
