@@ -255,7 +255,9 @@ class SpareVectors:
     reference, so an array in use is never handed out again; at worst one is not reused.
     """
 
-    KEEP = 6  # a state's vectors of the last few rounds: older ones are freed
+    # One state's vectors (θ, momentum, aggregate). A step holds the old state and the new one
+    # together anyway, so keeping that many between steps adds nothing to the peak memory.
+    KEEP = 3
 
     def __init__(self) -> None:
         self._vectors: list[np.ndarray] = []
