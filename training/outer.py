@@ -144,11 +144,11 @@ class OuterStep:
         )
         if not np.isfinite(g).all():  # cannot happen with decoded inputs; never apply it if it did
             raise aggregators.AggregatorError("the aggregate is not finite")
+        replaced = self.theta, self.momentum, self.previous
         g, g_norm, capped = self._cap(g)
         self._apply(g)
-        if self.previous is not None:
-            self._spares.retire(self.previous)
         self.previous = g
+        self._spares.retire(*replaced)
         return OuterResult(self.theta, params_hash(self.theta), authors, rejected, g_norm, capped)
 
     def _options_after_rejections(self, rejected: int) -> dict:
@@ -196,9 +196,7 @@ class OuterStep:
         momentum of the new state are arrays nobody else holds (new, or `SpareVectors`): a state,
         once made, is never written again while it is held, so it can be stored (or hashed) while
         the next step runs."""
-        replaced = self.theta, self.momentum
         self.theta, self.momentum = self._momentum_step(g)
-        self._spares.retire(*replaced)
 
     def preview(self, g: np.ndarray) -> np.ndarray:
         """θ after a step whose aggregate were `g`, the state left as it is. A peer training ahead
@@ -262,9 +260,10 @@ class SpareVectors:
     def __init__(self) -> None:
         self._vectors: list[np.ndarray] = []
 
-    def retire(self, *vectors: np.ndarray) -> None:
-        """Keep `vectors` (whole arrays that own their memory) for a later `take`; drop the oldest beyond KEEP."""
-        self._vectors.extend(v for v in vectors if v.base is None and v.flags.owndata)
+    def retire(self, *vectors: np.ndarray | None) -> None:
+        """Keep `vectors` (whole arrays that own their memory; None is skipped) for a later `take`;
+        drop the oldest beyond KEEP."""
+        self._vectors.extend(v for v in vectors if v is not None and v.base is None and v.flags.owndata)
         del self._vectors[: max(0, len(self._vectors) - self.KEEP)]
 
     def take(self, numel: int) -> np.ndarray:
