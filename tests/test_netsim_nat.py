@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
-import sys
-
 import pytest
 import trio
 from libp2p.transport.exceptions import OpenConnectionError
 
 from locomesh.netsim.nat import NatBox, NatType, hole_punch_succeeds, reachable
 from locomesh.netsim.network import DialOutcome, Network
+from .repeatable import output_of_fresh_process
 
 P, F, R, PR, S = (NatType.PUBLIC, NatType.FULL_CONE, NatType.RESTRICTED, NatType.PORT_RESTRICTED, NatType.SYMMETRIC)
 ORDER = [P, F, R, PR, S]
@@ -141,10 +137,8 @@ def test_nat_scenario_connects_every_pair_and_is_deterministic_by_seed():
     assert by_type["full-cone"][2] == 1 and by_type["full-cone"][5] == 1  # public through its NAT: keeps a relay too
     assert all(by_type[t.value][3] == 1 and by_type[t.value][5] == 1 for t in ORDER[2:])
     assert summary["direct where the NATs allow it (share)"] > 0
-    # The same seed, from fresh processes, gives the same report (a second run in one process need
-    # not: py-libp2p iterates over sets hashed by object address, so the processes also run with
-    # address-space randomisation off; with it on, a hole punch moved by 0.25 virtual s in about
-    # one pair of runs in three). The error table is left out:
+    # The same seed, from fresh processes, gives the same report (see tests/repeatable.py: a second
+    # run in one process need not). The error table is left out:
     # which code a torn-down stream is counted under (reset or truncated) follows such a set too.
     assert _report_in_a_fresh_process() == _report_in_a_fresh_process()
 
@@ -156,12 +150,7 @@ def _report_in_a_fresh_process() -> str:
         f"report = nat.run(nodes=9, seed=3, **{NAT_SCENARIO!r}); "
         "sys.stdout.write(to_json({**report, 'tables': report['tables'][:2]}))"
     )
-    command = [sys.executable, "-c", code]
-    if shutil.which("setarch"):  # util-linux: -R turns address-space randomisation off for the command
-        command = ["setarch", "-R", *command]
-    done = subprocess.run(command, env={**os.environ, "PYTHONHASHSEED": "0"},
-                          capture_output=True, text=True, timeout=600, check=True)
-    return done.stdout
+    return output_of_fresh_process(code)
 
 
 def test_cone_nats_preserve_the_inside_port_while_it_is_free_and_symmetric_ones_never():

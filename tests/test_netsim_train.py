@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
@@ -14,6 +11,7 @@ from locomesh.netsim.scenarios import SCENARIOS, train
 from locomesh.node.run_participation import FETCH_TIMEOUT
 from locomesh.netsim.sim_participant import JUNK_MARK, SimCost, SimParticipant
 from locomesh.training.participant import ParticipantError
+from .repeatable import output_of_fresh_process
 
 # 2 s of compute per round and a 1 s join window keep 8 nodes x 3 rounds at seconds of wall time.
 SMALL = {"rounds": 3, "inner_steps": 4, "step_seconds": 0.5, "join_window": 1.0, "payload_bytes": 8 * 1024}
@@ -23,17 +21,15 @@ RUN = bytes(32)
 
 
 def _run_in_a_fresh_process() -> dict:
-    """The report of 8 nodes, seed 3, as `locomesh sim` makes it: a process of its own with a fixed
-    PYTHONHASHSEED (a run is repeatable from a fresh process; a second run in one process is not:
-    py-libp2p iterates over sets of objects, whose order follows memory addresses)."""
+    """The report of 8 nodes, seed 3, as `locomesh sim` makes it: a process of its own
+    (`output_of_fresh_process`: a run is repeatable from a fresh process, a second run in one
+    process is not)."""
     code = (
         "import json, logging, sys; logging.disable(logging.CRITICAL); "
         "from locomesh.netsim.scenarios import train; "
         f"json.dump(train.run(nodes=8, seed=3, **{SMALL!r}), sys.stdout)"
     )
-    done = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONHASHSEED": "0"},
-                          capture_output=True, text=True, timeout=600, check=True)
-    return json.loads(done.stdout)
+    return json.loads(output_of_fresh_process(code))
 
 
 @pytest.fixture(scope="module")
