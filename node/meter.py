@@ -8,6 +8,10 @@ wire bytes: Noise handshakes and tags, Yamux headers, multistream
 negotiation and Identify are all included, which is what a volunteer paying
 for bandwidth cares about.
 
+The same wrapping puts a `WholeWriteStream` under the counter, so that no
+write on a connection is cut short by a cancelled writer (`whole_writes`
+says why that matters).
+
 The wrapper works for any transport whose connections are
 `RawConnection`s (TCP, the simulator's in-memory transport). A transport that
 hands out already-multiplexed connections (QUIC) is not counted; locomesh
@@ -23,6 +27,8 @@ from libp2p.abc import IListener, IRawConnection, ITransport
 from libp2p.io.abc import ReadWriteCloser
 from libp2p.network.connection.raw_connection import RawConnection
 from multiaddr import Multiaddr
+
+from .whole_writes import WholeWriteStream
 
 
 @dataclass
@@ -61,7 +67,7 @@ class CountingStream(ReadWriteCloser):
 
 
 class MeteredTransport(ITransport):
-    """`inner`, with every connection it makes or accepts counted in `meter`."""
+    """`inner`, with every connection it makes or accepts counted in `meter` and written whole."""
 
     def __init__(self, inner: ITransport, meter: ByteMeter) -> None:
         self.inner = inner
@@ -81,7 +87,7 @@ class MeteredTransport(ITransport):
     def create_listener(self, handler_function: Any) -> IListener:
         async def counted_handler(stream: ReadWriteCloser) -> None:
             if isinstance(stream, ReadWriteCloser):
-                stream = CountingStream(stream, self.meter)
+                stream = _wrapped(stream, self.meter)
             await handler_function(stream)
 
         return self.inner.create_listener(counted_handler)
@@ -97,5 +103,9 @@ class MeteredTransport(ITransport):
 
     def _count(self, connection: IRawConnection) -> IRawConnection:
         if isinstance(connection, RawConnection):
-            connection.stream = CountingStream(connection.stream, self.meter)
+            connection.stream = _wrapped(connection.stream, self.meter)
         return connection
+
+
+def _wrapped(stream: ReadWriteCloser, meter: ByteMeter) -> CountingStream:
+    return CountingStream(WholeWriteStream(stream), meter)
