@@ -26,7 +26,9 @@ of the newest certified round c takes part in round c + 1:
    window then. Connections are not seen alike everywhere, but a crash cuts all of them at once.
    Until it starts aggregating, a peer switches to the proposal of an earlier proposer when one
    appears (so one that moved on too early goes back). A set naming fewer than half of the
-   round's electorate is refused;
+   round's electorate is refused. A payload of the followed set whose fetch failed is asked for
+   again after a pause that doubles with each failure (RETRY_SECONDS, up to MAX_REFETCH_PAUSE):
+   the proposer had it, but whoever could serve it may be gone or busy;
 5. it aggregates (decode, validate, robust aggregation, outer step: bit-exact on every CPU),
    writes the new state as a checkpoint and votes for its hash;
 6. when the round is certified it moves on if its hash is the certified one, and otherwise
@@ -72,6 +74,7 @@ from .round_events import (  # noqa: F401 - re-exported: callers import the voca
 
 MIN_COLLECT_SECONDS = 2.0
 RETRY_SECONDS = 1.0
+MAX_REFETCH_PAUSE = 8.0
 PATIENCE = 5  # windows a proposer that committed this round gets before the next one takes over
 SPREAD_HISTORY = 3
 
@@ -95,6 +98,8 @@ class _Round:
     arrivals: dict[Author, float] = field(default_factory=dict)  # others' commits: when first seen
     fetched: set[Author] = field(default_factory=set)
     failed: set[Author] = field(default_factory=set)
+    refetches: dict[Author, int] = field(default_factory=dict)  # failed fetches while following a proposal
+    refetch_at: dict[Author, float] = field(default_factory=dict)  # not asked for again before then
     closed_at: float = 0.0  # when our own cut happened
     own_set: tuple[Author, ...] = ()  # what we would propose
     chosen: tuple[Author, ...] | None = None  # the proposal we follow
@@ -207,7 +212,9 @@ class RoundMachine:
         if self.phase is Phase.COLLECT:
             return self._maybe_close(done.now)
         if self.phase is Phase.PROPOSE and self.current.chosen is not None:
-            return self._refetch() if not done.ok else self._aggregate_if_ready()
+            if done.ok:
+                return self._aggregate_if_ready()
+            self._pause_refetch(done.author, done.now)
         return []
 
     def _aggregated(self, done: Aggregated) -> list[Action]:
@@ -303,7 +310,10 @@ class RoundMachine:
         return self._propose_or_follow(now)
 
     def _propose_observe(self, seen: Observation) -> list[Action]:
-        return self._propose_or_follow(seen.now)
+        actions = self._propose_or_follow(seen.now)
+        if self.phase is Phase.PROPOSE and self.current.chosen is not None:
+            actions += self._refetch(seen.now)  # what failed and has waited its pause
+        return actions
 
     def _propose_or_follow(self, now: float) -> list[Action]:
         """Follow the first acceptable proposal in proposer order whose turn has come (switching
@@ -337,16 +347,19 @@ class RoundMachine:
     def _follow(self, proposal: tuple[Author, ...]) -> list[Action]:
         work = self.current
         work.chosen = proposal
-        return self._refetch() + self._aggregate_if_ready()
+        return self._refetch(self.last.now) + self._aggregate_if_ready()
 
-    def _refetch(self) -> list[Action]:
+    def _refetch(self, now: float) -> list[Action]:
         """Fetch what the chosen proposal names and we lack: never seen, or failed before (the
-        proposer had it, so it can be fetched again). A payload seen and not failed is in flight."""
+        proposer had it, so it can be fetched again) and paused long enough since it failed while
+        we followed a proposal. A payload seen and not failed is in flight."""
         work, seen = self.current, self.last
         actions: list[Action] = []
         for author in work.chosen:
             in_flight = author in work.arrivals and author not in work.failed
             if author == self.me or author in work.fetched or in_flight:
+                continue
+            if work.refetch_at.get(author, now) > now:
                 continue
             if author in seen.commits:
                 work.failed.discard(author)  # in flight again
@@ -354,6 +367,12 @@ class RoundMachine:
                 payload_id, size = seen.commits[author]
                 actions.append(Fetch(work.number, author, payload_id, size))
         return actions
+
+    def _pause_refetch(self, author: Author, now: float) -> None:
+        """A fetch of the followed set failed: ask again after RETRY_SECONDS, doubled per failure."""
+        work = self.current
+        failures = work.refetches[author] = work.refetches.get(author, 0) + 1
+        work.refetch_at[author] = now + min(RETRY_SECONDS * 2 ** (failures - 1), MAX_REFETCH_PAUSE)
 
     def _aggregate_if_ready(self) -> list[Action]:
         work = self.current

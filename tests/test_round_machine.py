@@ -264,8 +264,33 @@ def test_a_payload_whose_fetch_failed_before_our_cut_is_fetched_again_when_the_p
     proposal = tuple(sorted((me, A, B)))
     actions = machine.handle(seen(1.4, electorate=(me, A, B), commits=commits, proposals={first: proposal}))
     assert actions == [rm.Fetch(1, B, b"pb" * 16, 11)]
-    assert machine.handle(rm.Fetched(1, B, False, 1.6)) == [rm.Fetch(1, B, b"pb" * 16, 11)]  # and again
     assert machine.handle(rm.Fetched(1, B, True, 1.9)) == [rm.StartAggregate(1, proposal, 1.1)]
+
+
+def test_a_payload_of_the_followed_proposal_that_keeps_failing_is_asked_for_after_doubling_pauses():
+    """Nobody can serve B's payload for now (its author is gone, the others are busy): asking again
+    at once after each failure was a busy loop for as long as the round lasted."""
+    me = _key_placed(2)
+    first = rm.proposer_order(1, {me, A, B})[0]
+    machine = rm.RoundMachine(me)
+    machine.handle(seen(0.0, electorate=(me, A, B)))
+    machine.handle(rm.Trained(1, b"p" * 32, 100, 1.0, 1.0))
+    commits = {A: (b"pa" * 16, 10), B: (b"pb" * 16, 11)}
+    machine.handle(seen(1.1, electorate=(me, A, B), commits=commits))
+    machine.handle(rm.Fetched(1, A, True, 1.2))
+    proposal = tuple(sorted((me, A, B)))
+    following = dict(electorate=(me, A, B), commits=commits, proposals={first: proposal})
+    assert machine.handle(seen(1.3, **following)) == []  # B's first fetch is still under way
+    fetch_b = rm.Fetch(1, B, b"pb" * 16, 11)
+    assert machine.handle(rm.Fetched(1, B, False, 1.5)) == [fetch_b]  # our cut; the proposal names B: at once
+    failed_at = 2.0
+    for pause in (rm.RETRY_SECONDS, 2 * rm.RETRY_SECONDS, 4 * rm.RETRY_SECONDS, rm.MAX_REFETCH_PAUSE, rm.MAX_REFETCH_PAUSE):
+        assert machine.handle(rm.Fetched(1, B, False, failed_at)) == []
+        assert machine.handle(seen(failed_at + pause - 0.1, **following)) == []
+        assert machine.handle(seen(failed_at + pause, **following)) == [fetch_b]
+        assert machine.handle(seen(failed_at + pause + 0.1, **following)) == []  # in flight: asked once
+        failed_at += pause + 0.5
+    assert machine.handle(rm.Fetched(1, B, True, failed_at)) == [rm.StartAggregate(1, proposal, 1.1)]
 
 
 def _second_in_line_after_everyone_committed(commits):
