@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from locomesh.cli.main import main
 
 
@@ -20,3 +22,33 @@ def test_sim_writes_json_and_markdown(tmp_path, capsys):
 def test_sim_refuses_an_unknown_scenario(capsys):
     assert main(["sim", "no-such-scenario"]) == 2
     assert "connectivity" in capsys.readouterr().err.partition("known:")[2]
+
+
+def test_sim_passes_scenario_options_to_the_scenario(tmp_path):
+    path = tmp_path / "train.json"
+    argv = ["sim", "train", "--nodes", "4", "--seed", "2", "--report", str(path),
+            "-o", "rounds=1", "-o", "inner-steps=5", "-o", "byzantine=1", "-o", "delayed_updates=no"]
+    assert main(argv) == 0
+    report = json.loads(path.read_text())
+    assert report["config"]["rounds"] == 1 and report["config"]["inner_steps"] == 5
+    assert report["config"]["byzantine"] == 1 and report["config"]["delayed_updates"] is False
+    assert report["summary"]["nodes that reached the last round"] == 4
+
+
+@pytest.mark.parametrize(
+    ("option", "complaint"),
+    [
+        ("no_such_option=1", "has no option 'no_such_option'; its options (defaults): rounds=3"),
+        ("rounds", "is not KEY=VALUE"),
+        ("rounds=2.5", "option rounds takes an integer, not '2.5'"),
+        ("latency=fast", "option latency takes a number, not 'fast'"),
+        ("latency=nan", "must be a finite number ≥ 0"),
+        ("byzantine=-1", "must be a finite number ≥ 0"),
+        ("delayed_updates=maybe", "option delayed_updates takes true or false"),
+        ("nodes=5", "has no option 'nodes'"),
+    ],
+)
+def test_sim_refuses_a_bad_scenario_option_before_it_starts(option, complaint, capsys, tmp_path):
+    assert main(["sim", "train", "--report", str(tmp_path / "r.json"), "-o", option]) == 2
+    assert complaint in capsys.readouterr().err
+    assert not (tmp_path / "r.json").exists()
