@@ -38,7 +38,7 @@ from .genesis import Genesis
 from .ops import Op, OpId, content_id, decode_op, decode_wire, op_content, parse_wire, seal_ops
 from .pending import PendingBuffer
 from .seal import SealCache
-from .view import RunState, derive, electorate, round_commits, round_proposals, round_votes
+from .view import RunState, derive, electorate, has_lapsed, round_commits, round_proposals, round_votes
 
 MiB = 1024 * 1024
 
@@ -134,6 +134,11 @@ class Replica:
     def electorate(self, round_: int) -> set[bytes]:
         """The authors eligible for round `round_` and not banned (view.py's rules)."""
         return electorate(self.facts, round_)
+
+    def lapsed(self, author: bytes, round_: int) -> bool:
+        """Is `author` a member left out of round `round_`'s electorate for want of activity (it
+        committed or voted in none of the last rounds), so that it must join again?"""
+        return has_lapsed(self.facts, author, round_) and author not in self.state.banned
 
     def commits(self, round_: int) -> dict[bytes, tuple[bytes, int]]:
         """author -> (payload hash, size) of round `round_`'s commitments by its electorate.

@@ -12,13 +12,20 @@ Everything here is a pure function of the facts (facts.py), so of the op set. Th
   all (genesis.py).
 - **Eligibility for round r**: a join names the first round its author trains in, a leave the
   last. Author a is eligible for r when its newest join names a round ≤ r and, if it left after
-  that join, its leave names a round ≥ r. Honest nodes name (certified round + 1) when joining.
+  that join, its leave names a round ≥ r, and it is *active*: its join names one of the last
+  ACTIVITY_WINDOW rounds (r included), or it committed or voted in one of the ACTIVITY_WINDOW
+  rounds before r. A member that crashed (or stopped without leaving) thus stops counting
+  against the quorum after ACTIVITY_WINDOW rounds; without that, crashes would pile up in the
+  electorate until a third of it was gone and no round could be certified again. A live member
+  that lapsed (it only synced for that long) joins again (`has_lapsed`). Honest nodes name
+  (certified round + 1) when joining.
 - **Rounds**: round r is certified with hash h when round r-1 is certified (round 0 is the
   genesis) and more than 2/3 of the authors eligible for r voted (r, h). So the round number
   moves one step per quorum: a single peer cannot push it ahead, its votes for far rounds
   count for nothing. Known limit: a late join that names an old round enlarges that round's
   electorate and can take back its certificate; honest nodes never do that and a full
-  causal-past rule would cost a walk of the DAG per certificate.
+  causal-past rule would cost a walk of the DAG per certificate. The same holds, briefly, for a
+  replica that receives a commit or vote of an old round only after a later round's certificate.
 - **Commitments**: a `commit` op binds its author to one payload (SHA-256, size) for a round.
   `round_commits` lists, for one round, the commitments of unbanned authors eligible for it;
   like `round_votes` it reads the facts' per-round index, so the round protocol can ask on
@@ -47,6 +54,7 @@ from .facts import Facts
 from .genesis import Genesis
 
 NEVER = -1
+ACTIVITY_WINDOW = 2  # rounds a member stays eligible without a commit or a vote (module docstring)
 
 
 def is_quorum(signers: int, electorate: int) -> bool:
@@ -135,7 +143,16 @@ def is_banned(facts: Facts, author: bytes) -> bool:
 def is_eligible(facts: Facts, author: bytes, round_: int) -> bool:
     """May `author` take part in round `round_` (see the module docstring)? Bans not considered."""
     join = facts.newest_join.get(author)
-    return join is not None and _eligible_with(join, facts.newest_leave.get(author, (NEVER, 0)), round_)
+    return join is not None and _eligible_with(facts, author, join, facts.newest_leave.get(author, (NEVER, 0)), round_)
+
+
+def has_lapsed(facts: Facts, author: bytes, round_: int) -> bool:
+    """Is `author` a member whose join names a round ≤ `round_` but who is not eligible for
+    `round_` only because it was not active? Such a member must join again to take part."""
+    join = facts.newest_join.get(author)
+    if join is None:
+        return False
+    return _joined_for(join, facts.newest_leave.get(author, (NEVER, 0)), round_) and not _active(facts, author, join, round_)
 
 
 def electorate(facts: Facts, round_: int) -> set[bytes]:
@@ -176,20 +193,33 @@ def _unbanned(newest: dict[bytes, tuple[int, int]], banned: set[bytes]) -> dict[
     return {author: row for author, row in newest.items() if author not in banned}
 
 
-def _eligible_with(join: tuple[int, int], leave: tuple[int, int], round_: int) -> bool:
+def _eligible_with(facts: Facts, author: bytes, join: tuple[int, int], leave: tuple[int, int], round_: int) -> bool:
+    return _joined_for(join, leave, round_) and _active(facts, author, join, round_)
+
+
+def _joined_for(join: tuple[int, int], leave: tuple[int, int], round_: int) -> bool:
+    """Do the newest join and leave, (seq, round) each, make their author a member in `round_`?"""
     (join_seq, first), (leave_seq, last) = join, leave
     return first <= round_ and (leave_seq < join_seq or last >= round_)
 
 
-def _eligible(round_: int, joined: dict, left: dict) -> set[bytes]:
-    return {a for a, join in joined.items() if _eligible_with(join, left.get(a, (NEVER, 0)), round_)}
+def _active(facts: Facts, author: bytes, join: tuple[int, int], round_: int) -> bool:
+    """Joined for one of the last ACTIVITY_WINDOW rounds, or committed or voted in one before `round_`."""
+    if round_ - join[1] < ACTIVITY_WINDOW:
+        return True
+    earlier = range(round_ - ACTIVITY_WINDOW, round_)
+    return any(author in facts.commits_in(r) or author in facts.votes_in(r) for r in earlier)
+
+
+def _eligible(facts: Facts, round_: int, joined: dict, left: dict) -> set[bytes]:
+    return {a for a, join in joined.items() if _eligible_with(facts, a, join, left.get(a, (NEVER, 0)), round_)}
 
 
 def _certified_rounds(facts: Facts, banned: set[bytes], joined: dict, left: dict):
     rounds, electorates = [], {}
     round_ = 1
     while ballots := _ballots(facts, round_, banned):  # rounds up to the first gap, not all votes
-        electorate = _eligible(round_, joined, left)
+        electorate = _eligible(facts, round_, joined, left)
         electorates[round_] = len(electorate)
         winners = [h for h, voters in ballots.items() if is_quorum(len(voters & electorate), len(electorate))]
         if not winners:

@@ -39,6 +39,7 @@ class Observation:
     proposals: dict[Author, tuple[Author, ...]] = field(default_factory=dict)  # round certified + 1
     certified_proposals: dict[Author, tuple[Author, ...]] = field(default_factory=dict)  # round certified
     unreachable: frozenset[Author] = frozenset()  # committed authors we hold no connection to right now
+    lapsed: bool = False  # we are a member left out of the electorate for want of activity: join again
 
 
 @dataclass(frozen=True)
@@ -139,6 +140,13 @@ class Discard:
 
 
 @dataclass(frozen=True)
+class PublishJoin:
+    """Join the run again, from `round`: our membership lapsed (we only synced for a while)."""
+
+    round: int
+
+
+@dataclass(frozen=True)
 class RoundDone:
     """Round `round` was certified with our hash (or adopted by a sync): for progress reports."""
 
@@ -150,5 +158,5 @@ class RoundDone:
 
 Action = Union[
     StartTraining, PublishCommit, Fetch, PublishProposal, StartAggregate, PublishVote, StartSync, StopTraining, Discard,
-    RoundDone,
+    PublishJoin, RoundDone,
 ]

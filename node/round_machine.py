@@ -40,6 +40,8 @@ of the newest certified round c takes part in round c + 1:
    state over the network, which made a slow peer late for the next round too, round after
    round). The result must hash to the certified hash; if it does not, or a fetch fails, it
    syncs. A peer still aggregating when its round is certified finishes and compares the same way.
+   A peer that only synced for a few rounds falls out of the electorate (the CRDT's activity
+   rule, `crdt/view.py`); it joins again from the next round (`PublishJoin`).
 
 Nothing here touches the network, the disk or the clock. The service (`round_service.py`) feeds
 in `Observation`s (what the CRDT says now, and the time) and the completions of the work the
@@ -66,8 +68,8 @@ from typing import Callable
 
 from .round_events import (  # noqa: F401 - re-exported: callers import the vocabulary from here too
     Action, Aggregated, Author, Discard, Event, Fetch, Fetched, Observation, PayloadId, Phase, PublishCommit,
-    PublishProposal, PublishVote, RoundDone, StartAggregate, StartSync, StartTraining, StopTraining, Synced,
-    Trained,
+    PublishJoin, PublishProposal, PublishVote, RoundDone, StartAggregate, StartSync, StartTraining, StopTraining,
+    Synced, Trained,
 )
 
 # --- the machine -----------------------------------------------------------------------------------
@@ -127,6 +129,7 @@ class RoundMachine:
         self.retry_at = 0.0
         self.awaiting_retry = False  # a sync failed; StartSync again at retry_at
         self.last: Observation | None = None
+        self.rejoined_at: int | None = None  # the certified round when our membership lapsed and we joined again
 
     def handle(self, event: Event) -> list[Action]:
         """Feed one event; the actions to carry out, in order."""
@@ -172,12 +175,22 @@ class RoundMachine:
 
     def _idle_observe(self, seen: Observation) -> list[Action]:
         next_round = self.state_round + 1
-        if seen.certified != self.state_round or self.me not in seen.electorate:
-            return []  # not eligible yet: a late joiner waits for the round its join names
+        if seen.certified != self.state_round:
+            return []
+        if self.me not in seen.electorate:
+            return self._rejoin(seen)  # else not eligible yet: a late joiner waits for the round its join names
         if len(seen.electorate) < self.timing.min_peers:
             return []  # the run waits for enough peers before its first (or next) round
         self.phase, self.current = Phase.TRAIN, _Round(next_round, seen.now)
         return [StartTraining(next_round)]
+
+    def _rejoin(self, seen: Observation) -> list[Action]:
+        """Join again if our membership lapsed (we only synced for a while: the run's rules left us
+        out of the electorate), once per certified round: our replica has the join at once."""
+        if not seen.lapsed or self.rejoined_at == seen.certified:
+            return []
+        self.rejoined_at = seen.certified
+        return [PublishJoin(first_round_to_join(seen.certified, under_way=bool(seen.commits)))]
 
     def _watch_commits(self, seen: Observation) -> list[Action]:
         """Note the time of every new commit of the round and start fetching its payload."""
@@ -413,6 +426,12 @@ TRANSITIONS: dict[tuple[Phase, type], Handler] = {
     (Phase.AGGREGATE, Aggregated): RoundMachine._aggregated,
     (Phase.SYNC, Synced): RoundMachine._synced,
 }
+
+
+def first_round_to_join(certified: int, *, under_way: bool) -> int:
+    """The round a join names: the next one, or the one after when commits for the next are out
+    already (a peer that joins a round under way would only hold it up)."""
+    return certified + (2 if under_way else 1)
 
 
 def proposer_order(round_number: int, candidates: set[Author] | frozenset[Author]) -> list[Author]:

@@ -31,7 +31,7 @@ from locomesh.protocol.runs import format_run_id, load_manifest, parse_run_id, s
 from .checkpoint_service import CheckpointService
 from .crdt_service import CrdtService
 from .rpc import RpcError
-from .round_machine import Timing
+from .round_machine import Timing, first_round_to_join
 from .run_participation import Compute, RunParticipation
 from .run_registry_service import RUN_NOT_FOUND, RunRegistryService
 from .runtime import DialError, Node
@@ -126,8 +126,7 @@ class RoundService:
         state = replica.state
         if self._node.identity.public_key in state.members:
             return state.round + 1
-        under_way = bool(replica.commits(state.round + 1))
-        first = state.round + (2 if under_way else 1)
+        first = first_round_to_join(state.round, under_way=bool(replica.commits(state.round + 1)))
         self.crdt.write(replica.run_id, "join", round=first)
         return first
 

@@ -133,6 +133,7 @@ class RunParticipation:
             proposals=self.replica.proposals(next_round),
             certified_proposals=self.replica.proposals(state.round) if state.round else {},
             unreachable=frozenset(author for author in commits if author != self.me and not self._connected(author)),
+            lapsed=self.replica.lapsed(self.me, next_round),
         )
 
     def _connected(self, author: bytes) -> bool:
@@ -205,6 +206,9 @@ class RunParticipation:
                     if self.work is not None:
                         self.work.cancel()
                     self._cancel_ahead()
+                case rm.PublishJoin(round=r):
+                    logger.info("our membership lapsed (no commit or vote for a while); joining again from round %d", r)
+                    self.crdt.write(self.run_id, "join", round=r)
                 case rm.RoundDone():
                     self._start([], self._record, action, self.work)
 

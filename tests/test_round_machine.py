@@ -217,6 +217,26 @@ def test_a_peer_outside_the_electorate_does_not_train():
     assert machine.phase is rm.Phase.IDLE
 
 
+def test_a_peer_whose_membership_lapsed_joins_again_once_per_round():
+    machine = rm.RoundMachine(ME)
+    assert machine.handle(seen(0.0, certified=4, certified_hash=H1, electorate=(A, B))) == [rm.StartSync(4, H1)]
+    machine.handle(rm.Synced(4, H1, 1.0))
+    lapsed = rm.Observation(2.0, 4, H1, frozenset((A, B)), {}, lapsed=True)
+    assert machine.handle(lapsed) == [rm.PublishJoin(5)]
+    assert machine.handle(lapsed) == []  # our replica has the join at once: no second one
+    rejoined = rm.Observation(2.1, 4, H1, frozenset((A, B, ME)), {})
+    assert machine.handle(rejoined) == [rm.StartTraining(5)]
+
+
+def test_a_lapsed_peer_that_sees_the_next_round_under_way_joins_the_round_after():
+    machine = rm.RoundMachine(ME, state_round=4, state_hash=H1)
+    under_way = rm.Observation(2.0, 4, H1, frozenset((A, B)), {A: (b"pa" * 16, 10)}, lapsed=True)
+    assert machine.handle(under_way) == [rm.PublishJoin(6)]
+    assert machine.handle(rm.Observation(30.0, 5, H2, frozenset((A, B)), {})) == [rm.StartSync(5, H2)]
+    machine.handle(rm.Synced(5, H2, 31.0))
+    assert machine.handle(rm.Observation(32.0, 5, H2, frozenset((A, B, ME)), {})) == [rm.StartTraining(6)]
+
+
 def test_the_collect_wait_never_runs_past_the_round_deadline():
     machine, _ = trained_machine(now=10.0, seconds=400.0, round_deadline=12.0, min_collect=30.0)
     # a 30 s window would end at 40 s; the round started at 0.0 and must end by 12.0

@@ -18,7 +18,9 @@ The run:
 2. they train `rounds` rounds. Options: `slow` nodes whose steps take `slow_factor` times
    longer; `byzantine` nodes whose payloads are junk (the check in `SimParticipant.aggregate`,
    standing for the real decoder, leaves them out); `churn` nodes crash during round
-   `churn_round` and as many fresh ones join then (they enter at a round boundary and sync);
+   `churn_round` and as many fresh ones join then (they enter at a round boundary and sync),
+   and again every `churn_every` rounds (crashed nodes drop out of the electorate after
+   `crdt.view.ACTIVITY_WINDOW` rounds, so waves may add up to more than a third of the nodes);
    `delayed_updates`: the run trains with one-round-delayed outer updates, so a node's training
    of round r+1 overlaps the exchange of round r.
 
@@ -82,6 +84,7 @@ class Config:
     byzantine: int = 0
     churn: int = 0
     churn_round: int = 2
+    churn_every: int = 0  # rounds between churn waves after the first (0: one wave)
     delayed_updates: bool = False  # one-round-delayed outer updates: round r+1 trains while round r is exchanged
     run_timeout: float = 3600.0  # virtual seconds after the last join
 
@@ -196,9 +199,19 @@ class _Run:
         await member.rounds.join(self.manifest)
 
     async def _churn(self, creator: _Member) -> None:
-        """While round `churn_round` trains, crash `churn` nodes (never the creator) and start as many."""
+        """While round `churn_round` trains (and every `churn_every` rounds after), crash `churn`
+        nodes (never the creator) and start as many."""
         config = self.config
-        while not any(config.churn_round - 1 in m.done_at for m in self.members) and config.churn_round > 1:
+        wave_round = config.churn_round
+        while wave_round <= config.rounds:
+            await self._churn_wave(creator, wave_round)
+            if not config.churn_every:
+                return
+            wave_round += config.churn_every
+
+    async def _churn_wave(self, creator: _Member, wave_round: int) -> None:
+        config = self.config
+        while not any(wave_round - 1 in m.done_at for m in self.members) and wave_round > 1:
             await trio.sleep(WATCH_SECONDS)
         await trio.sleep(config.inner_steps * config.step_seconds / 2)
         victims = self.rng.sample([m for m in self.members[1:] if not m.crashed], config.churn)
@@ -348,7 +361,8 @@ def run(*, nodes: int = 32, seed: int = 0, progress: Progress = lambda line: Non
     if config.nodes < 2:
         raise ValueError("need at least 2 nodes")
     if config.churn >= config.nodes / 3:
-        raise ValueError("churn must stay under a third of the nodes (crashed peers still count in the electorate)")
+        raise ValueError("churn must stay under a third of the nodes (a wave's crashed peers count in the electorate "
+                         "for a few rounds)")
 
     async def main(sim: Simulation) -> dict:
         with tempfile.TemporaryDirectory(prefix="locomesh-netsim-") as directory:
