@@ -434,6 +434,17 @@ def first_round_to_join(certified: int, *, under_way: bool) -> int:
     return certified + (2 if under_way else 1)
 
 
+def state_stewards(round_number: int, electorate: set[Author] | frozenset[Author]) -> list[Author]:
+    """The members that store round `round_number`'s new state for peers that sync; the others
+    only attest its checkpoint ID (writing 300 MB a round on every peer cost each about 1 CPU-s
+    that the round's training and exchange were short of). More than the faults a quorum
+    tolerates (f < n/3), at least two: one honest steward that voted the certified hash always
+    stores it. Drawn from the round number, as the proposers are, so the work moves round by round."""
+    tag = round_number.to_bytes(8, "big")
+    order = sorted(electorate, key=lambda key: hashlib.sha256(b"locomesh steward" + tag + key).digest())
+    return order[: max(2, (len(order) - 1) // 3 + 1)]
+
+
 def proposer_order(round_number: int, candidates: set[Author] | frozenset[Author]) -> list[Author]:
     """The order in which `candidates` may propose round `round_number`'s set: drawn from the round
     number, so it changes every round and no peer picks its place."""

@@ -14,8 +14,10 @@ else:
   payload can serve it on: the allgather is a multi-source download, verified chunk by chunk
   against the ID the author committed to in the CRDT;
 - commits, votes and checkpoint attestations are CRDT ops (`CrdtService.write`);
-- a sync downloads the run's canonical checkpoint of the certified round and adopts it only if
-  its state hash is the certified one.
+- the round's state stewards (`state_stewards`) store each new state as a checkpoint, off the
+  critical path; every peer attests its ID;
+- a sync downloads the run's canonical checkpoint of the certified round (the stewards asked
+  first) and adopts it only if its state hash is the certified one.
 
 The loop wakes on every completion and at least every `POLL_SECONDS`, hands the machine an
 `Observation` of the replica, and carries out what comes back.
@@ -364,9 +366,14 @@ class RunParticipation:
             self._storing = False
 
     async def _store_state(self, round_number: int, snapshot: Any, state_hash: bytes) -> None:
-        """Write the state we voted for as a checkpoint, then attest it (peers that sync fetch it)."""
+        """Write the state we voted for as a checkpoint if we are one of the round's stewards, then
+        attest it (peers that sync fetch it from the stewards); a peer that is not only attests."""
+        steward = self.me in rm.state_stewards(round_number, self.replica.electorate(round_number))
         try:
-            manifest = await self.offload(snapshot.save, self.directory, self.run_id)
+            if steward:
+                manifest = await self.offload(snapshot.save, self.directory, self.run_id)
+            else:
+                manifest = await self.offload(snapshot.manifest, self.run_id)
         except (OSError, ValueError) as error:  # a full disk, say: we keep training, others offer the state
             logger.error("round %d: the state was not stored: %s", round_number, error)
             return
@@ -386,7 +393,7 @@ class RunParticipation:
         if checkpoint is None:
             return None  # nobody attested it yet; the machine asks again
         try:
-            await download_checkpoint(self.node, self.directory, checkpoint.id, self._other_members(),
+            await download_checkpoint(self.node, self.directory, checkpoint.id, self._state_providers(round_number),
                                       scores=self.scores, progress=DownloadProgress(checkpoint.id), offload=self.offload)
             manifest = await self.offload(_read_installed_manifest, self.directory, checkpoint.id)
         except (DownloadError, OSError, ValueError) as error:
@@ -420,6 +427,13 @@ class RunParticipation:
         checkpoint_store().remove_checkpoints(
             self.directory, lambda meta: meta.get("run") == self.run_id and meta.get("round", oldest) < oldest
         )
+
+    def _state_providers(self, round_number: int) -> list[str]:
+        """Who to ask for round `round_number`'s state: its stewards first, then the other members."""
+        stewards = rm.state_stewards(round_number, self.replica.electorate(round_number))
+        others = self._other_members()
+        first = [peer_id_from_public_key(key) for key in stewards if key != self.me]
+        return first + [peer for peer in others if peer not in first]
 
     def _other_members(self, exclude: bytes | None = None) -> list[str]:
         return [peer_id_from_public_key(member) for member in self.replica.state.members

@@ -94,6 +94,17 @@ def test_state_digest_is_the_state_hash_a_write_gives(written):
     assert ck.state_digest(one) != ck.state_digest({"momentum": one["theta"]})  # names are part of the state
 
 
+def test_checkpoint_manifest_is_the_manifest_a_write_gives_and_writes_nothing(written, monkeypatch):
+    directory, state, manifest = written
+
+    def no_writes(*args, **kwargs):
+        raise AssertionError("checkpoint_manifest wrote a file")
+
+    monkeypatch.setattr(ck, "atomic_write", no_writes)
+    assert ck.checkpoint_manifest(state, META, chunk_size=SMALL_CHUNK) == manifest
+    assert ck.checkpoint_manifest(state, META, chunk_size=SMALL_CHUNK, level=ck.FAST_LEVEL).id != manifest.id
+
+
 def test_zero_dim_and_empty_state_round_trip(tmp_path):
     scalar = {"s": torch.tensor(-3, dtype=torch.int8)}
     manifest = write_checkpoint(tmp_path, scalar, {"round": 0, "run": b""})

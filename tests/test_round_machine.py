@@ -160,6 +160,17 @@ def test_a_replay_whose_fetch_fails_syncs():
     assert machine.handle(rm.Fetched(1, B, False, 2.4)) == [rm.Discard(1), rm.StartSync(1, H1)]
 
 
+def test_more_stewards_store_a_state_than_a_quorum_tolerates_faults_and_at_least_two():
+    members = [bytes([i]) * 32 for i in range(32)]
+    for n, expected in ((1, 1), (2, 2), (3, 2), (4, 2), (7, 3), (8, 3), (10, 4), (32, 11)):
+        electorate = set(members[:n])
+        stewards = rm.state_stewards(5, electorate)
+        assert len(stewards) == expected and set(stewards) <= electorate
+        assert len(stewards) > (n - 1) // 3  # f + 1: one of them is honest
+    assert rm.state_stewards(5, set(members)) == rm.state_stewards(5, set(reversed(members)))
+    assert len({tuple(rm.state_stewards(r, set(members))) for r in range(1, 6)}) == 5  # the work moves round by round
+
+
 def test_the_replay_takes_the_first_proposal_in_proposer_order_that_we_can_rebuild():
     machine = training_machine_holding(A, B)
     proposals = {A: (A, B), B: (B,), ME: (A,)}

@@ -50,7 +50,7 @@ from .checkpoint_manifest import (
 )
 
 __all__ = [
-    "DEFAULT_CHUNK_SIZE", "CheckpointError", "ChunkRef", "Manifest", "chunk_path", "decode_chunk",
+    "DEFAULT_CHUNK_SIZE", "CheckpointError", "ChunkRef", "Manifest", "checkpoint_manifest", "chunk_path", "decode_chunk",
     "load_checkpoint", "manifest_path", "merkle_proof", "merkle_root", "missing_chunks", "read_manifest", "remove_checkpoints",
     "state_digest", "store_chunk", "verify_chunk", "verify_merkle_proof", "write_checkpoint",
 ]
@@ -155,6 +155,19 @@ def write_checkpoint(
     return _store_state(directory, _blob_pieces(_layout(arrays), arrays), metadata, chunk_size, level)
 
 
+def checkpoint_manifest(
+    tensors: Mapping[str, torch.Tensor | np.ndarray],
+    metadata: dict[str, Any],
+    *,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    level: int = COMPRESSION_LEVEL,
+) -> Manifest:
+    """The manifest (so the checkpoint ID) that `write_checkpoint` would give these arguments,
+    computed without writing anything: a peer can attest a state that others store."""
+    arrays = {name: _as_bytes_array(name, value) for name, value in tensors.items()}
+    return _store_state(None, _blob_pieces(_layout(arrays), arrays), metadata, chunk_size, level)
+
+
 def state_digest(tensors: Mapping[str, torch.Tensor | np.ndarray]) -> bytes:
     """The `state_hash` that `write_checkpoint` gives these tensors, computed without writing
     anything: a peer can vote for a state before (or without) storing it."""
@@ -166,14 +179,15 @@ def state_digest(tensors: Mapping[str, torch.Tensor | np.ndarray]) -> bytes:
 
 
 def _store_state(
-    directory: str | os.PathLike, pieces: Iterable[bytes | memoryview], metadata: dict[str, Any], chunk_size: int,
-    level: int = COMPRESSION_LEVEL,
+    directory: str | os.PathLike | None, pieces: Iterable[bytes | memoryview], metadata: dict[str, Any],
+    chunk_size: int, level: int = COMPRESSION_LEVEL,
 ) -> Manifest:
-    """Chunk, compress and store a serialized state given piece by piece, then its manifest."""
+    """Chunk, compress and store a serialized state given piece by piece, then its manifest
+    (with no `directory`, only build the manifest)."""
     if not MIN_CHUNK_SIZE <= chunk_size <= MAX_CHUNK_SIZE:
         raise CheckpointError("bad-state", f"chunk size {chunk_size} is outside [{MIN_CHUNK_SIZE}, {MAX_CHUNK_SIZE}]")
     round_, run, rest = split_metadata(metadata)
-    writer = _ChunkWriter(Path(directory), chunk_size, level)
+    writer = _ChunkWriter(None if directory is None else Path(directory), chunk_size, level)
     for piece in pieces:
         writer.feed(piece)
     chunks, raw_size, state_hash = writer.finish()
@@ -181,7 +195,8 @@ def _store_state(
         raw_size=raw_size, chunk_size=chunk_size, chunks=chunks, round=round_, run=run, metadata=rest,
         state_hash=state_hash,
     )
-    atomic_write(manifest_path(directory, manifest.id), manifest.encode())
+    if directory is not None:
+        atomic_write(manifest_path(directory, manifest.id), manifest.encode())
     return manifest
 
 
@@ -233,9 +248,10 @@ def _blob_pieces(entries: list[_Entry], arrays: dict[str, Any]) -> Iterator[memo
 
 
 class _ChunkWriter:
-    """Cuts a stream of bytes into chunks; compresses, hashes and stores each one as it fills."""
+    """Cuts a stream of bytes into chunks; compresses, hashes and stores each one as it fills
+    (stores nothing when it has no directory: the chunk references are all it makes then)."""
 
-    def __init__(self, directory: Path, chunk_size: int, level: int) -> None:
+    def __init__(self, directory: Path | None, chunk_size: int, level: int) -> None:
         self.directory = directory
         self.level = level
         self.buffer = bytearray(chunk_size)
@@ -264,7 +280,8 @@ class _ChunkWriter:
         self.state.update(raw)
         frame = compress(raw, level=self.level)
         digest = hashlib.sha256(frame).digest()
-        _store_frame(chunk_path(self.directory, digest), frame, digest)
+        if self.directory is not None:
+            _store_frame(chunk_path(self.directory, digest), frame, digest)
         self.chunks.append(ChunkRef(digest, len(frame), self.filled))
         self.raw_size += self.filled
         self.filled = 0

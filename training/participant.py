@@ -35,7 +35,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from .attacks import AttackView, get_attack
-from .checkpoint import FAST_LEVEL, Manifest, load_checkpoint, manifest_path, read_manifest, state_digest, write_checkpoint
+from .checkpoint import FAST_LEVEL, Manifest, checkpoint_manifest, load_checkpoint, manifest_path, read_manifest, state_digest, write_checkpoint
 from .codec import Encoder, decode, non_finite_payload
 from .flat import flatten, unflatten_into
 from .inner import InnerConfig, Worker
@@ -115,7 +115,14 @@ class StateSnapshot:
 
     def save(self, directory: str | os.PathLike, run: bytes) -> Manifest:
         """Write it as the checkpoint of round `round` of run `run` (uncompressed chunks: see FAST_LEVEL)."""
-        return write_checkpoint(directory, self.tensors, {"round": self.round, "run": run}, level=FAST_LEVEL)
+        return write_checkpoint(directory, self.tensors, self._metadata(run), level=FAST_LEVEL)
+
+    def manifest(self, run: bytes) -> Manifest:
+        """The manifest `save` would write, without writing anything (to attest a state others store)."""
+        return checkpoint_manifest(self.tensors, self._metadata(run), level=FAST_LEVEL)
+
+    def _metadata(self, run: bytes) -> dict[str, Any]:
+        return {"round": self.round, "run": run}
 
 
 def peer_index(key: bytes) -> int:
