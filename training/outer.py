@@ -20,6 +20,7 @@ SHA-256, `params_hash`) is the same on every CPU given the same payloads.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import sys
 from collections.abc import Mapping
@@ -65,11 +66,17 @@ class OuterResult:
     """What one outer step did."""
 
     theta: np.ndarray  # θ_{r+1} (the step's own array; the next step replaces it, never mutates it)
-    params_hash: str  # hex SHA-256 of θ_{r+1}'s little-endian float32 bytes
     accepted: list[Author]  # in canonical (key) order
     rejected: dict[Author, CodecError]  # author -> why their payload was refused
     aggregate_norm: float  # ‖g‖ before the cap
     capped: bool  # whether the cap scaled g down
+
+    @functools.cached_property
+    def params_hash(self) -> str:
+        """Hex SHA-256 of θ_{r+1}'s little-endian float32 bytes, hashed on first use: the round
+        protocol votes on the whole state's hash instead, and 100 MB of SHA-256 was a fifth of
+        a 25M-parameter step."""
+        return params_hash(self.theta)
 
 
 class EmptyRoundError(ValueError):
@@ -149,7 +156,7 @@ class OuterStep:
         self._apply(g)
         self.previous = g
         self._spares.retire(*replaced)
-        return OuterResult(self.theta, params_hash(self.theta), authors, rejected, g_norm, capped)
+        return OuterResult(self.theta, authors, rejected, g_norm, capped)
 
     def _options_after_rejections(self, rejected: int) -> dict:
         """The aggregator's options, with Krum's `f` lowered by the payloads already rejected.
