@@ -34,7 +34,7 @@ from locomesh.protocol import ProtocolError
 from locomesh.training.checkpoint_manifest import MAX_MANIFEST_SIZE, CheckpointError, Manifest, read_manifest
 
 from . import checkpoint_wire as wire
-from .dataplane import open_sealed_stream
+from .dataplane import SealedStream, open_sealed_stream
 from .download_schedule import DownloadSchedule, Outcome
 from .peer_scores import PeerScores
 from .runtime import DialError, Node
@@ -105,7 +105,9 @@ class ProviderSession:
 
     `transport`: ``"dataplane"`` (sealed TCP, see `dataplane`), ``"libp2p"``
     (a Yamux stream), or ``"auto"``: the data plane, falling back to libp2p
-    for good if the provider has none or it cannot be reached.
+    for good if the provider has none or it cannot be reached. A data plane
+    stream is taken from the node's `StreamPool` when one is idle there, and
+    given back to it by `close` (stream_pool.py says why).
     """
 
     def __init__(self, node: Node, peer_id: str, address: Multiaddr | None, transport: str = "auto") -> None:
@@ -113,13 +115,18 @@ class ProviderSession:
             raise ValueError(f"transport must be one of {TRANSPORTS}, not {transport!r}")
         self.node, self.peer_id, self.address, self.transport = node, peer_id, address, transport
         self._stream: Any = None
+        self._untried = False  # the stream came from the pool and has answered no request yet
 
     def sibling(self) -> ProviderSession:
         """Another session to the same provider (its own stream), keeping what this one learned."""
         return ProviderSession(self.node, self.peer_id, self.address, self.transport)
 
-    async def _open(self) -> Any:
+    async def _open(self, *, pooled: bool = True) -> Any:
         if self.transport != "libp2p":
+            stream = await self.node.stream_pool.take(self.peer_id) if pooled else None
+            self._untried = stream is not None
+            if stream is not None:
+                return stream
             try:
                 return await open_sealed_stream(self.node, self.peer_id, host_hint=_host_of(self.address))
             except (ProtocolError, DialError, OSError, trio.TooSlowError) as error:
@@ -130,29 +137,54 @@ class ProviderSession:
         return await self.node.open_stream(self.peer_id, [wire.PROTOCOL_ID])
 
     async def ask(self, checkpoint_id: bytes, index: int | None, *, max_size: int) -> wire.Reply:
-        """One request and its answer; any failure resets the stream and propagates."""
+        """One request and its answer; any failure resets the stream and propagates. A stream
+        from the pool that fails its first request (it may have died while idle) is replaced by
+        a fresh one, once."""
         try:
             if self._stream is None:
-                if self.address is not None and self.peer_id not in self.node.peers:
-                    # The address we were given wins over any the peerstore kept: a provider
-                    # that restarted listens elsewhere, and py-libp2p would dial only the old one.
-                    self.node.host.get_peerstore().clear_addrs(ID.from_base58(self.peer_id))
-                    self.node.forget_failed_dials(self.peer_id)  # and py-libp2p's 60 s refusal after a failed dial
-                    await self.node.connect(self.address)
+                await self._connect()
                 self._stream = await self._open()
-            return await wire.ask(
-                self._stream, self.node.identity, self.peer_id, checkpoint_id, index,
-                max_size=max_size, timeout=REQUEST_TIMEOUT,
-            )
+            try:
+                reply = await self._request(checkpoint_id, index, max_size)
+            except Exception:
+                if not self._untried:
+                    raise
+                await self.close(reset=True)
+                self._stream = await self._open(pooled=False)
+                reply = await self._request(checkpoint_id, index, max_size)
+            self._untried = False
+            return reply
         except BaseException:
             await self.close(reset=True)
             raise
 
+    async def _connect(self) -> None:
+        if self.address is not None and self.peer_id not in self.node.peers:
+            # The address we were given wins over any the peerstore kept: a provider
+            # that restarted listens elsewhere, and py-libp2p would dial only the old one.
+            self.node.host.get_peerstore().clear_addrs(ID.from_base58(self.peer_id))
+            self.node.forget_failed_dials(self.peer_id)  # and py-libp2p's 60 s refusal after a failed dial
+            await self.node.connect(self.address)
+
+    async def _request(self, checkpoint_id: bytes, index: int | None, max_size: int) -> wire.Reply:
+        return await wire.ask(
+            self._stream, self.node.identity, self.peer_id, checkpoint_id, index,
+            max_size=max_size, timeout=REQUEST_TIMEOUT,
+        )
+
     async def close(self, *, reset: bool = False) -> None:
+        """Reset the stream, or (after a complete answer) close it: a data plane stream then
+        goes back to the node's pool for the next download from this provider."""
         stream, self._stream = self._stream, None
-        if stream is not None:
-            with trio.CancelScope(shield=True):  # bounded: both give up after a short timeout
-                await (reset_quietly(stream) if reset else close_quietly(stream))
+        if stream is None:
+            return
+        with trio.CancelScope(shield=True):  # bounded: each gives up after a short timeout
+            if reset:
+                await reset_quietly(stream)
+            elif isinstance(stream, SealedStream):
+                await self.node.stream_pool.give(self.peer_id, stream)
+            else:
+                await close_quietly(stream)
 
 
 def _host_of(address: Multiaddr | None) -> str | None:

@@ -88,6 +88,8 @@ class SealedStream:
         end = len(self._plain) if n is None else self._offset + n
         chunk = self._plain[self._offset : end]
         self._offset += len(chunk)
+        if self._offset >= len(self._plain):  # all read: an idle stream holds no frame (they run to 4 MiB)
+            self._plain, self._offset = b"", 0
         return chunk
 
     async def close(self) -> None:

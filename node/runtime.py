@@ -40,6 +40,7 @@ from .metrics import Metrics
 from .peers import PeerTracker
 from .rpc import RpcRegistry
 from .service import SHUTDOWN_GRACE, Service
+from .stream_pool import StreamPool
 from .streams import Handler, guarded
 
 logger = logging.getLogger(__name__)
@@ -79,6 +80,7 @@ class Node:
         self.rpc = RpcRegistry()
         self.metrics = Metrics()
         self.peers = PeerTracker()
+        self.stream_pool = StreamPool()  # idle data plane streams to providers (stream_pool.py)
         self._status_fields: dict[str, Callable[[], Any]] = {"runs": list}
         self._stop = trio.Event()
         self._started_at: float | None = None
@@ -180,6 +182,7 @@ class Node:
                     task_status.started()
                     await self._stop.wait()
                     nursery.cancel_scope.cancel()
+                await self.stream_pool.aclose()
                 await self._close_connections()
         finally:
             with trio.CancelScope(shield=True), trio.move_on_after(SHUTDOWN_GRACE):
