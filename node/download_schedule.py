@@ -35,7 +35,13 @@ trio layer (`checkpoint_download`) runs a few workers per provider, each asks
 * **Liars lose.** A chunk that fails its hash check is a *strike* for the
   provider, goes back to the front of the queue, and is never asked of that
   provider again; after `max_strikes` strikes the provider is dropped from
-  this download. "not-found" excludes the provider for that chunk only.
+  this download. "not-found" excludes the provider for that chunk, and drops
+  it if it has delivered no chunk yet: a provider serves only checkpoints whose
+  manifest it holds (`checkpoint_service`), so a first answer of not-found
+  almost always means it holds none of it (a peer that has not fetched that
+  payload yet), while one that has delivered chunks lost only some. Without the
+  drop, every such provider was asked for every chunk: with 8 daemons, 6
+  refusals per chunk of each payload, which cost more than the transfer itself.
   `max_failures` failures in a row (timeouts, broken streams) drop it too,
   and so do `max_busy` "busy" answers in a row (a provider that never has room).
 * **The end.** `finished` when every wanted chunk is stored (`done`), or when
@@ -53,7 +59,7 @@ Chunk transitions (a chunk is queued, in flight at one or more providers, or sto
     bad         in flight   queued (front), excluded   strike; dropped at max_strikes
     failed      in flight   queued (front)             window halved; dropped after max_failures in a row
     busy        in flight   queued (front)             window halved; dropped after max_busy in a row
-    not-found   in flight   queued (front), excluded   none
+    not-found   in flight   queued (front), excluded   dropped if it delivered no chunk yet
     superseded  stored      stored                     none (another copy was stored first)
     (any)       stored      stored                     a late endgame copy: ignored
 
@@ -155,7 +161,9 @@ class DownloadSchedule:
             if state is _Chunk.STORED or self._holders[index]:
                 continue
             if not any(peer not in self._excluded[index] for peer in active):
-                return f"no remaining provider can serve chunk {index}" if active else "every provider was dropped"
+                if active:
+                    return f"no remaining provider can serve chunk {index}"
+                return "every provider was dropped: " + "; ".join(f"{p}: {st.dropped}" for p, st in self.peers.items())
         return None
 
     @property
@@ -242,6 +250,8 @@ class DownloadSchedule:
             peer.cap = max(1, peer.cap // 2)
             if peer.failures_in_a_row >= self.max_failures:
                 peer.dropped = f"{peer.failures_in_a_row} requests in a row failed"
+        elif outcome is Outcome.NOT_FOUND and peer.stored == 0:
+            peer.dropped = "does not hold the checkpoint"
         elif outcome is Outcome.BUSY:
             peer.cap = max(1, peer.cap // 2)
             if peer.busy_in_a_row >= self.max_busy:

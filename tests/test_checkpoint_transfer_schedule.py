@@ -90,7 +90,7 @@ def test_a_provider_that_is_always_busy_is_dropped_in_the_end():
     plan = schedule(2, ["full"], max_busy=5)
     simulate(plan, lambda peer, index: (Outcome.BUSY, 0.01))
     assert plan.finished and plan.peers["full"].dropped == "busy 5 times in a row"
-    assert plan.failure() == "every provider was dropped"
+    assert plan.failure() == "every provider was dropped: full: busy 5 times in a row"
 
 
 def test_endgame_duplicates_a_chunk_stuck_at_another_provider():
@@ -107,7 +107,15 @@ def test_a_chunk_nobody_has_fails_the_download_with_a_reason():
     plan = schedule(3, ["a", "b"])
     simulate(plan, lambda peer, index: (Outcome.NOT_FOUND if index == 2 else Outcome.STORED, 0.01))
     assert plan.finished and not plan.done and plan.stored == 2
-    assert plan.failure() == "no remaining provider can serve chunk 2"
+    assert plan.failure() == "no remaining provider can serve chunk 2"  # both delivered chunks: only chunk 2 is lost
+
+
+def test_a_provider_without_the_checkpoint_is_asked_once_not_for_every_chunk():
+    plan = schedule(6, ["author", "empty"])
+    log = simulate(plan, lambda peer, index: (Outcome.NOT_FOUND if peer == "empty" else Outcome.STORED, 0.01))
+    assert plan.done and plan.stored == 6
+    assert sum(peer == "empty" for peer, _, _ in log) <= plan.max_window  # the requests in flight when it said so
+    assert plan.peers["empty"].dropped == "does not hold the checkpoint"
 
 
 def test_resume_asks_only_for_the_missing_chunks():
