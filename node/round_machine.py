@@ -440,13 +440,18 @@ def state_stewards(round_number: int, electorate: set[Author] | frozenset[Author
     that the round's training and exchange were short of). More than the faults a quorum
     tolerates (f < n/3), at least two: one honest steward that voted the certified hash always
     stores it. Drawn from the round number, as the proposers are, so the work moves round by round."""
-    tag = round_number.to_bytes(8, "big")
-    order = sorted(electorate, key=lambda key: hashlib.sha256(b"locomesh steward" + tag + key).digest())
+    order = _drawn_order(b"locomesh steward", round_number, electorate)
     return order[: max(2, (len(order) - 1) // 3 + 1)]
 
 
 def proposer_order(round_number: int, candidates: set[Author] | frozenset[Author]) -> list[Author]:
     """The order in which `candidates` may propose round `round_number`'s set: drawn from the round
     number, so it changes every round and no peer picks its place."""
+    return _drawn_order(b"locomesh proposer", round_number, candidates)
+
+
+def _drawn_order(label: bytes, round_number: int, members: set[Author] | frozenset[Author]) -> list[Author]:
+    """`members` in an order drawn from (`label`, round number): the same on every peer, new every
+    round, and no peer can pick its place."""
     tag = round_number.to_bytes(8, "big")
-    return sorted(candidates, key=lambda key: hashlib.sha256(b"locomesh proposer" + tag + key).digest())
+    return sorted(members, key=lambda key: hashlib.sha256(label + tag + key).digest())

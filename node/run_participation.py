@@ -368,7 +368,7 @@ class RunParticipation:
     async def _store_state(self, round_number: int, snapshot: Any, state_hash: bytes) -> None:
         """Write the state we voted for as a checkpoint if we are one of the round's stewards, then
         attest it (peers that sync fetch it from the stewards); a peer that is not only attests."""
-        steward = self.me in rm.state_stewards(round_number, self.replica.electorate(round_number))
+        steward = self.me in self._stewards(round_number)
         try:
             if steward:
                 manifest = await self.offload(snapshot.save, self.directory, self.run_id)
@@ -430,10 +430,11 @@ class RunParticipation:
 
     def _state_providers(self, round_number: int) -> list[str]:
         """Who to ask for round `round_number`'s state: its stewards first, then the other members."""
-        stewards = rm.state_stewards(round_number, self.replica.electorate(round_number))
-        others = self._other_members()
-        first = [peer_id_from_public_key(key) for key in stewards if key != self.me]
-        return first + [peer for peer in others if peer not in first]
+        first = [peer_id_from_public_key(key) for key in self._stewards(round_number) if key != self.me]
+        return first + [peer for peer in self._other_members() if peer not in first]
+
+    def _stewards(self, round_number: int) -> list[bytes]:
+        return rm.state_stewards(round_number, self.replica.electorate(round_number))
 
     def _other_members(self, exclude: bytes | None = None) -> list[str]:
         return [peer_id_from_public_key(member) for member in self.replica.state.members

@@ -151,8 +151,7 @@ def write_checkpoint(
     the chunks (`FAST_LEVEL` for a state written every round: same format, no
     compression work).
     """
-    arrays = {name: _as_bytes_array(name, value) for name, value in tensors.items()}
-    return _store_state(directory, _blob_pieces(_layout(arrays), arrays), metadata, chunk_size, level)
+    return _store_state(directory, _state_pieces(tensors), metadata, chunk_size, level)
 
 
 def checkpoint_manifest(
@@ -164,18 +163,23 @@ def checkpoint_manifest(
 ) -> Manifest:
     """The manifest (so the checkpoint ID) that `write_checkpoint` would give these arguments,
     computed without writing anything: a peer can attest a state that others store."""
-    arrays = {name: _as_bytes_array(name, value) for name, value in tensors.items()}
-    return _store_state(None, _blob_pieces(_layout(arrays), arrays), metadata, chunk_size, level)
+    return _store_state(None, _state_pieces(tensors), metadata, chunk_size, level)
 
 
 def state_digest(tensors: Mapping[str, torch.Tensor | np.ndarray]) -> bytes:
     """The `state_hash` that `write_checkpoint` gives these tensors, computed without writing
     anything: a peer can vote for a state before (or without) storing it."""
-    arrays = {name: _as_bytes_array(name, value) for name, value in tensors.items()}
     digest = hashlib.sha256()
-    for piece in _blob_pieces(_layout(arrays), arrays):
+    for piece in _state_pieces(tensors):
         digest.update(piece)
     return digest.digest()
+
+
+def _state_pieces(tensors: Mapping[str, torch.Tensor | np.ndarray]) -> Iterator[memoryview | bytes]:
+    """The serialized state of `tensors`, piece by piece (`_blob_pieces`); `CheckpointError` for one
+    the format cannot hold."""
+    arrays = {name: _as_bytes_array(name, value) for name, value in tensors.items()}
+    return _blob_pieces(_layout(arrays), arrays)
 
 
 def _store_state(
