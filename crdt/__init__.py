@@ -3,7 +3,8 @@
 - `ops`: the op format (unsigned content, whose SHA-256 is the op ID, plus a seal);
 - `seal`: one signature over a batch of ops, a Merkle path per op;
 - `replica`: the DAG store: validation, the bounded pending buffer, heads;
-- `facts` and `view`: what the ops say, and the run state derived from it;
+- `facts` and `view`: what the ops say, and the run state derived from it; `electorate`: who
+  weighs in a round (contributors, earned influence, attempts, certificates);
 - `evidence`: self-verifying proofs of equivocation; `snapshot`: certified compaction;
 - `sync`: the anti-entropy state machine (heads, want, ops).
 """

@@ -5,7 +5,8 @@ reaches the same verdict alone, whatever else it holds:
 
 - "fork": two different ops by one author with the same `seq` (an honest author's ops form one
   chain; a second op at the same place in it is a lie told to part of the network);
-- "double-vote": two round votes by one author for the same round with different hashes;
+- "double-vote": two round votes by one author for the same round that differ (in the hash, or
+  in the proposer whose set they say they aggregated);
 - "double-commit": two payload commitments by one author for the same round that differ (in
   hash or size: one payload cannot match both).
 
@@ -39,12 +40,16 @@ def conflict(reason: str, a: Op, b: Op) -> bool:
     if reason == "fork":
         return a.seq == b.seq
     if reason == "double-vote":
-        return _same_round(a, b, "crdt.vote") and a.body["hash"] != b.body["hash"]
+        return _same_round(a, b, "crdt.vote") and _vote(a) != _vote(b)
     if reason == "double-commit":
         return _same_round(a, b, "crdt.commit") and (a.body["hash"], a.body["size"]) != (b.body["hash"], b.body["size"])
     if reason == "double-propose":
         return _same_round(a, b, "crdt.propose") and a.body["authors"] != b.body["authors"]
     return False
+
+
+def _vote(op: Op) -> tuple[bytes, bytes]:
+    return op.body["hash"], op.body.get("proposer", b"")
 
 
 def _same_round(a: Op, b: Op, kind: str) -> bool:

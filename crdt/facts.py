@@ -56,13 +56,14 @@ _FACTS_SCHEMA = Struct(
         "ops": _table(_hash, _hash, Int(1, 2**40), _int),
         "joins": _table(_hash, Int(1, 2**40), _int),
         "leaves": _table(_hash, Int(1, 2**40), _int),
-        "votes": _table(_hash, _int, _hash),
+        "votes": _table(_hash, _int, _hash, Bytes(0, 32)),
         "commits": _table(_hash, Int(1, 2**40), _hash, Int(1, MAX_PAYLOAD_SIZE)),
         "proposals": _table(_hash, Int(1, 2**40), List(_hash, max_len=MAX_PROPOSAL, min_len=1)),
         "attests": _table(_hash, _int, _hash, _int),
         "hparams": _table(_int, _hash, _hash, Bytes(1, 64 * 1024)),
         "convicted": List(_hash, max_len=_ROWS),
         "snapshots": _table(_hash, _hash, List(_hash, max_len=64, min_len=1), _int),
+        "timeouts": _table(_hash, _int, _int),
     }
 )
 
@@ -72,7 +73,7 @@ class Facts:
     ops: dict[OpId, tuple[bytes, int, int]] = field(default_factory=dict)  # id -> (author, seq, depth)
     joins: set[tuple[bytes, int, int]] = field(default_factory=set)  # (author, seq, round)
     leaves: set[tuple[bytes, int, int]] = field(default_factory=set)  # (author, seq, round)
-    votes: set[tuple[bytes, int, bytes]] = field(default_factory=set)  # (author, round, hash)
+    votes: set[tuple[bytes, int, bytes, bytes]] = field(default_factory=set)  # (author, round, hash, proposer or b"")
     commits: set[tuple[bytes, int, bytes, int]] = field(default_factory=set)  # (author, round, hash, size)
     proposals: set[tuple[bytes, int, tuple[bytes, ...]]] = field(default_factory=set)  # (author, round, authors)
     attests: set[tuple[bytes, int, bytes, int]] = field(default_factory=set)  # (author, round, id, size)
@@ -80,13 +81,15 @@ class Facts:
     convicted: set[bytes] = field(default_factory=set)  # authors convicted by evidence ops
     # (author, state hash, frontier, op count)
     snapshots: set[tuple[bytes, bytes, tuple[OpId, ...], int]] = field(default_factory=set)
+    timeouts: set[tuple[bytes, int, int]] = field(default_factory=set)  # (author, round, attempt)
     # Derived indexes, kept incrementally (see the module docstring).
     _chain: dict[tuple[bytes, int], OpId] = field(default_factory=dict, repr=False)
     forked: set[bytes] = field(default_factory=set)  # two ops at one (author, seq)
-    equivocated: set[bytes] = field(default_factory=set)  # two votes, commitments or proposals for one round
+    equivocated: set[bytes] = field(default_factory=set)  # two different votes, commitments or proposals for one round
     newest_join: dict[bytes, tuple[int, int]] = field(default_factory=dict, repr=False)  # author -> (seq, round)
     newest_leave: dict[bytes, tuple[int, int]] = field(default_factory=dict, repr=False)
-    _votes_by_round: dict[int, dict[bytes, set[bytes]]] = field(default_factory=dict, repr=False)
+    _votes_by_round: dict[int, dict[bytes, set[tuple[bytes, bytes]]]] = field(default_factory=dict, repr=False)
+    _timeouts_by_round: dict[int, dict[bytes, set[int]]] = field(default_factory=dict, repr=False)
     _commits_by_round: dict[int, dict[bytes, set[tuple[bytes, int]]]] = field(default_factory=dict, repr=False)
     _proposals_by_round: dict[int, dict[bytes, set[tuple[bytes, ...]]]] = field(default_factory=dict, repr=False)
 
@@ -100,7 +103,9 @@ class Facts:
             case "leave":
                 self._add_leave((author, op.seq, body["round"]))
             case "vote":
-                self._add_vote((author, body["round"], body["hash"]))
+                self._add_vote((author, body["round"], body["hash"], body.get("proposer", b"")))
+            case "timeout":
+                self._add_timeout((author, body["round"], body["attempt"]))
             case "commit":
                 self._add_commit((author, body["round"], body["hash"], body["size"]))
             case "propose":
@@ -117,9 +122,13 @@ class Facts:
 
     # --- the indexes ---------------------------------------------------------------------------
 
-    def votes_in(self, round_: int) -> dict[bytes, set[bytes]]:
-        """author -> the hashes it voted for in `round_` (more than one: it equivocated)."""
+    def votes_in(self, round_: int) -> dict[bytes, set[tuple[bytes, bytes]]]:
+        """author -> the (hash, proposer or b"") votes it cast in `round_` (more than one: it equivocated)."""
         return self._votes_by_round.get(round_, {})
+
+    def timeouts_in(self, round_: int) -> dict[bytes, set[int]]:
+        """author -> the attempts of `round_` it said timed out."""
+        return self._timeouts_by_round.get(round_, {})
 
     def commits_in(self, round_: int) -> dict[bytes, set[tuple[bytes, int]]]:
         """author -> the (hash, size) commitments it made for `round_` (more than one: it equivocated)."""
@@ -143,10 +152,16 @@ class Facts:
         self.leaves.add(row)
         _keep_newest(self.newest_leave, row)
 
-    def _add_vote(self, row: tuple[bytes, int, bytes]) -> None:
+    def _add_vote(self, row: tuple[bytes, int, bytes, bytes]) -> None:
         self.votes.add(row)
-        author, round_, hash_ = row
-        self._by_round(self._votes_by_round, author, round_, hash_)
+        author, round_, hash_, proposer = row
+        self._by_round(self._votes_by_round, author, round_, (hash_, proposer))
+
+    def _add_timeout(self, row: tuple[bytes, int, int]) -> None:
+        # Not equivocation: one member may say several attempts of a round timed out.
+        self.timeouts.add(row)
+        author, round_, attempt = row
+        self._timeouts_by_round.setdefault(round_, {}).setdefault(author, set()).add(attempt)
 
     def _add_commit(self, row: tuple[bytes, int, bytes, int]) -> None:
         # Two commitments differing in hash or size: one payload cannot match both, so the
@@ -182,6 +197,7 @@ class Facts:
                 "hparams": sorted(list(row) for row in self.hparams),
                 "convicted": sorted(self.convicted),
                 "snapshots": sorted([a, s, list(f), n] for a, s, f, n in self.snapshots),
+                "timeouts": sorted(list(row) for row in self.timeouts),
             }
         )
 
@@ -209,6 +225,8 @@ class Facts:
             Map(Scalar(), max_len=64).check(unpack(row[3], max_size=64 * 1024), "facts.hparams")
         facts.convicted = set(raw["convicted"])
         facts.snapshots = {(a, s, tuple(f), n) for a, s, f, n in raw["snapshots"]}
+        for row in raw["timeouts"]:
+            facts._add_timeout(tuple(row))
         if facts.encode() != data:
             raise ProtocolError("non-canonical", "snapshot facts are not in their canonical order")
         return facts

@@ -23,6 +23,7 @@ class Genesis:
     hparam_writers: frozenset[bytes]
     hparams: dict[str, Any]
     manifest: bytes
+    influence: str = "earned"  # "earned" or "joined" (crdt/electorate.py)
 
     @classmethod
     def from_manifest(cls, manifest_bytes: bytes) -> Genesis:
@@ -37,11 +38,17 @@ class Genesis:
             hparam_writers=frozenset(body["hparam_writers"]),
             hparams=dict(body["hparams"]),
             manifest=manifest_bytes,
+            influence=body.get("influence", "earned"),
         )
 
     def admits(self, author: bytes) -> bool:
         """May `author` write to this run at all?"""
         return self.admission == "open" or author == self.creator or author in self.allowlist
+
+    @property
+    def trusted(self) -> frozenset[bytes]:
+        """The keys that weigh in quorums from their join: the creator and the allowlist."""
+        return self.allowlist | {self.creator}
 
     def check_author(self, author: bytes) -> None:
         if not self.admits(author):

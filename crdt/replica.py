@@ -38,7 +38,10 @@ from .genesis import Genesis
 from .ops import Op, OpId, content_id, decode_op, decode_wire, op_content, parse_wire, seal_ops
 from .pending import PendingBuffer
 from .seal import SealCache
-from .view import RunState, derive, electorate, has_lapsed, round_commits, round_proposals, round_votes
+from .view import (
+    Checkpoint, RunState, checkpoint_candidates, contributors, derive, has_lapsed, round_attempts, round_commits,
+    round_proposals, round_votes,
+)
 
 MiB = 1024 * 1024
 
@@ -131,9 +134,21 @@ class Replica:
             self._state = derive(self.facts, self.genesis)
         return self._state
 
-    def electorate(self, round_: int) -> set[bytes]:
-        """The authors eligible for round `round_` and not banned (view.py's rules)."""
-        return electorate(self.facts, round_)
+    def contributors(self, round_: int) -> set[bytes]:
+        """The unbanned authors that may commit a payload for round `round_` (electorate.py's rules)."""
+        return contributors(self.facts, round_)
+
+    def attempts(self, round_: int) -> list[frozenset[bytes]]:
+        """The electorates of round `round_`'s attempts so far, attempt 0's first (electorate.py)."""
+        return round_attempts(self.facts, self.genesis, self.state, round_)
+
+    def electorate(self, round_: int) -> frozenset[bytes]:
+        """Who votes, proposes and stores the state in round `round_` now (its latest attempt's electorate)."""
+        return self.attempts(round_)[-1]
+
+    def checkpoint_candidates(self, round_: int) -> tuple[Checkpoint, ...]:
+        """The checkpoints of certified round `round_` its voters attested, most attested first."""
+        return checkpoint_candidates(self.facts, self.state, round_)
 
     def lapsed(self, author: bytes, round_: int) -> bool:
         """Is `author` a member left out of round `round_`'s electorate for want of activity (it
@@ -141,18 +156,18 @@ class Replica:
         return has_lapsed(self.facts, author, round_) and author not in self.state.banned
 
     def commits(self, round_: int) -> dict[bytes, tuple[bytes, int]]:
-        """author -> (payload hash, size) of round `round_`'s commitments by its electorate.
+        """author -> (payload ID, size) of round `round_`'s commitments by its contributors.
 
         Reads the facts' per-round index: cheap enough to call on every poll.
         """
         return round_commits(self.facts, round_)
 
     def proposals(self, round_: int) -> dict[bytes, tuple[bytes, ...]]:
-        """author -> the contributor set it proposed for round `round_`, for the round's electorate."""
+        """author -> the contributor set it proposed for round `round_`, for the round's contributors."""
         return round_proposals(self.facts, round_)
 
     def votes(self, round_: int) -> dict[bytes, bytes]:
-        """author -> the hash it voted for in round `round_`, for the round's electorate."""
+        """author -> the hash it voted for in round `round_`, for the round's contributors."""
         return round_votes(self.facts, round_)
 
     # --- writing ------------------------------------------------------------------------------

@@ -3,38 +3,36 @@
 Everything here is a pure function of the facts (facts.py), so of the op set. The rules:
 
 - **Bans**: an author is banned when the set proves it equivocated: two of its ops share a
-  `seq` (a fork), two of its votes name different hashes for one round, two of its payload
-  commitments (or two proposals) for one round differ, or an evidence op convicts it (evidence.py). A banned
+  `seq` (a fork), two of its votes for one round differ, two of its payload commitments (or
+  two proposals) for one round differ, or an evidence op convicts it (evidence.py). A banned
   author's ops stay in the DAG (others' ops point at them) but count for nothing below.
 - **Membership** (add-wins per author): an author's own join and leave ops form one chain, so
   its newest one by `seq` decides; it is a member when that is a join. Concurrent join/leave by
   one author can only come from a fork, and a fork is a ban. Only admitted authors can write at
   all (genesis.py).
-- **Eligibility for round r**: a join names the first round its author trains in, a leave the
-  last. Author a is eligible for r when its newest join names a round ≤ r and, if it left after
-  that join, its leave names a round ≥ r, and it is *active*: its join names one of the last
-  ACTIVITY_WINDOW rounds (r included), or it committed or voted in one of the ACTIVITY_WINDOW
-  rounds before r. A member that crashed (or stopped without leaving) thus stops counting
-  against the quorum after ACTIVITY_WINDOW rounds; without that, crashes would pile up in the
-  electorate until a third of it was gone and no round could be certified again. A live member
-  that lapsed (it only synced for that long) joins again (`has_lapsed`). Honest nodes name
-  (certified round + 1) when joining.
+- **Who weighs in a round** (contributors, the electorate, its attempts, the certificate):
+  electorate.py. Honest nodes name (certified round + 1) when joining.
 - **Rounds**: round r is certified with hash h when round r-1 is certified (round 0 is the
-  genesis) and more than 2/3 of the authors eligible for r voted (r, h). So the round number
-  moves one step per quorum: a single peer cannot push it ahead, its votes for far rounds
-  count for nothing. Known limit: a late join that names an old round enlarges that round's
-  electorate and can take back its certificate; honest nodes never do that and a full
-  causal-past rule would cost a walk of the DAG per certificate. The same holds, briefly, for a
-  replica that receives a commit or vote of an old round only after a later round's certificate.
-- **Commitments**: a `commit` op binds its author to one payload (SHA-256, size) for a round.
-  `round_commits` lists, for one round, the commitments of unbanned authors eligible for it;
-  like `round_votes` it reads the facts' per-round index, so the round protocol can ask on
-  every poll. A `propose` op names the commitments a round aggregates (`round_proposals`); the
-  round protocol decides whose proposal counts (node/round_machine.py).
+  genesis) and, in one of r's attempts, more than 2/3 of that attempt's electorate voted (r, h).
+  So the round number moves one step per quorum: a single peer cannot push it ahead, its votes
+  for far rounds count for nothing. Known limit: a late join that names an old round enlarges
+  that round's electorate and can take back its certificate; honest nodes never do that and a
+  full causal-past rule would cost a walk of the DAG per certificate. The same holds, briefly,
+  for a replica that receives a commit or vote of an old round only after a later round's
+  certificate.
+- **Commitments**: a `commit` op binds its author to one payload (its checkpoint ID: SHA-256
+  of the payload's manifest, and the payload's size) for a round. `round_commits` lists, for
+  one round, the commitments of its contributors; like `round_votes` it reads the facts'
+  per-round index, so the round protocol can ask on every poll. A `propose` op names the
+  commitments a round aggregates (`round_proposals`); the round protocol decides whose proposal
+  counts (node/round_machine.py).
 - **Checkpoints**: a `checkpoint` op announces (round, id, size) and counts as its author's
-  attestation; `attest` ops add more. For each round up to the certified one, the canonical
-  checkpoint is the most attested by unbanned authors that ever joined, ties broken by the
-  smaller ID. The current checkpoint is the canonical one of the newest such round.
+  attestation; `attest` ops add more. Only the voters of a round's certificate attest its state
+  (they computed it; a key that merely joined, or a member that did not vote that hash, has no
+  say). For each certified round the canonical checkpoint is the most attested, ties broken by
+  the smaller ID; `checkpoint_candidates` ranks all of them, for a peer that must try the next
+  when one does not hold the certified state. The current checkpoint is the canonical one of
+  the newest such round.
 - **Hyperparameters**: changes come only from keys named at genesis (checked per op); each names
   the round it takes effect. The value for round r is the genesis value overlaid by the changes
   with round ≤ r, in (round, op ID) order.
@@ -50,16 +48,12 @@ from typing import Any
 
 from locomesh.protocol import unpack
 
+from .electorate import (  # noqa: F401 - re-exported: the view's questions are asked through here
+    ACTIVITY_WINDOW, NEVER, Certificate, attempts, banned, certify, contributors, first_electorate, has_lapsed,
+    is_banned, is_eligible, is_quorum,
+)
 from .facts import Facts
 from .genesis import Genesis
-
-NEVER = -1
-ACTIVITY_WINDOW = 2  # rounds a member stays eligible without a commit or a vote (module docstring)
-
-
-def is_quorum(signers: int, electorate: int) -> bool:
-    """More than two thirds, in integers (no float rounding at the boundary)."""
-    return electorate > 0 and 3 * signers > 2 * electorate
 
 
 @dataclass(frozen=True)
@@ -89,6 +83,8 @@ class RunState:
     hparam_schedule: tuple[tuple[int, dict[str, Any]], ...]
     snapshot: Snapshot | None
     eligible: dict[int, int] = field(default_factory=dict, compare=False)  # round -> electorate size
+    certificates: dict[int, Certificate] = field(default_factory=dict, compare=False)
+    earned: frozenset[bytes] = frozenset()  # authors a certified round accepted a contribution of
 
     @property
     def round(self) -> int:
@@ -117,62 +113,60 @@ class RunState:
 
 def derive(facts: Facts, genesis: Genesis) -> RunState:
     """The run state the facts describe under the genesis rules."""
-    banned = _banned(facts)
-    joined, left = _unbanned(facts.newest_join, banned), _unbanned(facts.newest_leave, banned)
+    excluded = banned(facts)
+    joined, left = _unbanned(facts.newest_join, excluded), _unbanned(facts.newest_leave, excluded)
     members = sorted(a for a, join in joined.items() if join[0] > left.get(a, (NEVER, 0))[0])
-    rounds, electorates = _certified_rounds(facts, banned, joined, left)
-    certified = rounds[-1][0] if rounds else 0
-    schedule = _hparam_schedule(facts, banned)
+    certificates, sizes = _certified_rounds(facts, genesis, excluded)
+    certified = max(certificates, default=0)
+    schedule = _hparam_schedule(facts, excluded)
     return RunState(
         ops=len(facts.ops),
         members=tuple(members),
-        banned=tuple(sorted(banned)),
-        rounds=tuple(rounds),
-        checkpoints=_canonical_checkpoints(facts, banned, set(joined), certified),
+        banned=tuple(sorted(excluded)),
+        rounds=tuple((r, certificates[r].hash) for r in sorted(certificates)),
+        checkpoints=tuple(ranked[0] for ranked in _ranked_checkpoints(facts, excluded, certificates).values()),
         hparams=_hparams_at(genesis.hparams, schedule, certified + 1),
         hparam_schedule=tuple(schedule),
         snapshot=_certified_snapshot(facts, set(members)),
-        eligible=electorates,
+        eligible=sizes,
+        certificates=certificates,
+        earned=frozenset().union(*(c.accepted for c in certificates.values())),
     )
 
 
-def is_banned(facts: Facts, author: bytes) -> bool:
-    return author in facts.forked or author in facts.equivocated or author in facts.convicted
+def round_attempts(facts: Facts, genesis: Genesis, state: RunState, round_: int) -> list[frozenset[bytes]]:
+    """The electorates of `round_`'s attempts so far (for a certified round: up to the one that
+    certified it)."""
+    certificate = state.certificates.get(round_)
+    if certificate is not None:
+        return list(certificate.attempts)
+    return attempts(facts, round_, first_electorate(facts, genesis, round_, state.earned))
 
 
-def is_eligible(facts: Facts, author: bytes, round_: int) -> bool:
-    """May `author` take part in round `round_` (see the module docstring)? Bans not considered."""
-    join = facts.newest_join.get(author)
-    return join is not None and _eligible_with(facts, author, join, facts.newest_leave.get(author, (NEVER, 0)), round_)
-
-
-def has_lapsed(facts: Facts, author: bytes, round_: int) -> bool:
-    """Is `author` a member whose join names a round ≤ `round_` but who is not eligible for
-    `round_` only because it was not active? Such a member must join again to take part."""
-    join = facts.newest_join.get(author)
-    if join is None:
-        return False
-    return _joined_for(join, facts.newest_leave.get(author, (NEVER, 0)), round_) and not _active(facts, author, join, round_)
-
-
-def electorate(facts: Facts, round_: int) -> set[bytes]:
-    """The unbanned authors eligible for `round_`."""
-    return {a for a in facts.newest_join if not is_banned(facts, a) and is_eligible(facts, a, round_)}
+def electorate(facts: Facts, genesis: Genesis, state: RunState, round_: int) -> frozenset[bytes]:
+    """Who votes, proposes and stores the state in `round_` now: its latest attempt's electorate."""
+    return round_attempts(facts, genesis, state, round_)[-1]
 
 
 def round_votes(facts: Facts, round_: int) -> dict[bytes, bytes]:
-    """author -> voted hash, for the unbanned authors eligible for `round_` that voted in it."""
-    return {a: _only(hashes) for a, hashes in facts.votes_in(round_).items() if _counts(facts, a, round_)}
+    """author -> voted hash, for the contributors of `round_` that voted in it."""
+    return {a: _only(said)[0] for a, said in facts.votes_in(round_).items() if _counts(facts, a, round_)}
 
 
 def round_commits(facts: Facts, round_: int) -> dict[bytes, tuple[bytes, int]]:
-    """author -> (payload hash, size), for the unbanned authors eligible for `round_` that committed."""
+    """author -> (payload ID, size), for the contributors of `round_` that committed."""
     return {a: _only(said) for a, said in facts.commits_in(round_).items() if _counts(facts, a, round_)}
 
 
 def round_proposals(facts: Facts, round_: int) -> dict[bytes, tuple[bytes, ...]]:
-    """author -> the contributor set it proposed, for the unbanned authors eligible for `round_`."""
+    """author -> the contributor set it proposed, for the contributors of `round_`."""
     return {a: _only(said) for a, said in facts.proposals_in(round_).items() if _counts(facts, a, round_)}
+
+
+def checkpoint_candidates(facts: Facts, state: RunState, round_: int) -> tuple[Checkpoint, ...]:
+    """Every checkpoint of certified round `round_` that its certificate's voters attested, most
+    attested first (ties: the smaller ID)."""
+    return _ranked_checkpoints(facts, set(state.banned), state.certificates, only=round_).get(round_, ())
 
 
 def _counts(facts: Facts, author: bytes, round_: int) -> bool:
@@ -185,71 +179,41 @@ def _only(values: set):
     return value
 
 
-def _banned(facts: Facts) -> set[bytes]:
-    return facts.convicted | facts.forked | facts.equivocated
+def _unbanned(newest: dict[bytes, tuple[int, int]], excluded: set[bytes]) -> dict[bytes, tuple[int, int]]:
+    return {author: row for author, row in newest.items() if author not in excluded}
 
 
-def _unbanned(newest: dict[bytes, tuple[int, int]], banned: set[bytes]) -> dict[bytes, tuple[int, int]]:
-    return {author: row for author, row in newest.items() if author not in banned}
-
-
-def _eligible_with(facts: Facts, author: bytes, join: tuple[int, int], leave: tuple[int, int], round_: int) -> bool:
-    return _joined_for(join, leave, round_) and _active(facts, author, join, round_)
-
-
-def _joined_for(join: tuple[int, int], leave: tuple[int, int], round_: int) -> bool:
-    """Do the newest join and leave, (seq, round) each, make their author a member in `round_`?"""
-    (join_seq, first), (leave_seq, last) = join, leave
-    return first <= round_ and (leave_seq < join_seq or last >= round_)
-
-
-def _active(facts: Facts, author: bytes, join: tuple[int, int], round_: int) -> bool:
-    """Joined for one of the last ACTIVITY_WINDOW rounds, or committed or voted in one before `round_`."""
-    if round_ - join[1] < ACTIVITY_WINDOW:
-        return True
-    earlier = range(round_ - ACTIVITY_WINDOW, round_)
-    return any(author in facts.commits_in(r) or author in facts.votes_in(r) for r in earlier)
-
-
-def _eligible(facts: Facts, round_: int, joined: dict, left: dict) -> set[bytes]:
-    return {a for a, join in joined.items() if _eligible_with(facts, a, join, left.get(a, (NEVER, 0)), round_)}
-
-
-def _certified_rounds(facts: Facts, banned: set[bytes], joined: dict, left: dict):
-    rounds, electorates = [], {}
+def _certified_rounds(facts: Facts, genesis: Genesis, excluded: set[bytes]):
+    """round -> Certificate up to the first uncertified round, and round -> electorate size."""
+    certificates: dict[int, Certificate] = {}
+    sizes: dict[int, int] = {}
+    earned: frozenset[bytes] = frozenset()
     round_ = 1
-    while ballots := _ballots(facts, round_, banned):  # rounds up to the first gap, not all votes
-        electorate = _eligible(facts, round_, joined, left)
-        electorates[round_] = len(electorate)
-        winners = [h for h, voters in ballots.items() if is_quorum(len(voters & electorate), len(electorate))]
-        if not winners:
+    while facts.votes_in(round_):  # rounds up to the first gap, not all votes
+        chain = attempts(facts, round_, first_electorate(facts, genesis, round_, earned))
+        certificate = certify(facts, round_, chain, excluded)
+        sizes[round_] = len(chain[-1] if certificate is None else certificate.electorate)
+        if certificate is None:
             break
-        rounds.append((round_, winners[0]))  # a quorum of single-vote authors is unique
+        certificates[round_] = certificate
+        earned |= certificate.accepted
         round_ += 1
-    return rounds, electorates
+    return certificates, sizes
 
 
-def _ballots(facts: Facts, round_: int, banned: set[bytes]) -> dict[bytes, set[bytes]]:
-    """hash -> the unbanned authors who voted for it in `round_`."""
-    ballots: dict[bytes, set[bytes]] = defaultdict(set)
-    for author, hashes in facts.votes_in(round_).items():
-        if author not in banned:
-            ballots[_only(hashes)].add(author)
-    return ballots
-
-
-def _canonical_checkpoints(facts: Facts, banned: set[bytes], ever_joined: set[bytes], certified: int):
+def _ranked_checkpoints(facts: Facts, excluded: set[bytes], certificates: dict[int, Certificate],
+                        only: int | None = None) -> dict[int, tuple[Checkpoint, ...]]:
+    """round -> its attested checkpoints, best first, for the certified rounds (or round `only`)."""
     attesters: dict[tuple[int, bytes, int], set[bytes]] = defaultdict(set)
     for author, round_, ckpt_id, size in facts.attests:
-        if author not in banned and author in ever_joined and round_ <= certified:
+        if only not in (None, round_) or author in excluded or round_ not in certificates:
+            continue
+        if author in certificates[round_].voters:
             attesters[(round_, ckpt_id, size)].add(author)
-    best: dict[int, Checkpoint] = {}
+    ranked: dict[int, list[Checkpoint]] = defaultdict(list)
     for (round_, ckpt_id, size), who in attesters.items():
-        candidate = Checkpoint(round_, ckpt_id, size, len(who))
-        current = best.get(round_)
-        if current is None or _rank(candidate) < _rank(current):
-            best[round_] = candidate
-    return tuple(best[r] for r in sorted(best))
+        ranked[round_].append(Checkpoint(round_, ckpt_id, size, len(who)))
+    return {r: tuple(sorted(ranked[r], key=_rank)) for r in sorted(ranked)}
 
 
 def _rank(checkpoint: Checkpoint) -> tuple:

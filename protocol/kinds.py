@@ -87,11 +87,15 @@ RUN_MANIFEST = register(
                 "seed": Int(0, 2**63 - 1),
                 "hparams": Map(Scalar(), max_len=64),
                 "admission": OneOf(frozenset({"open", "allowlist"})),
+                # "earned" (the default): a member weighs in quorums only once a round accepted
+                # its contribution; "joined": from its join (crdt/electorate.py).
+                "influence": OneOf(frozenset({"earned", "joined"})),
                 "allowlist": List(_public_key, max_len=1024),
                 "hparam_writers": List(_public_key, max_len=64),
                 "public": Bool(),
                 "created": Int(0, 2**63 - 1),
-            }
+            },
+            optional=frozenset({"influence"}),
         ),
         256 * KiB,
         run_scoped=False,
@@ -114,14 +118,21 @@ _parents = List(_hash, max_len=MAX_PARENTS)
 _round = Int(0, 2**40)
 
 
-def _op_kind(name: str, fields: dict, max_size: int) -> MessageKind:
-    body = Struct({"parents": _parents, "seq": Int(1, 2**40), **fields})
+def _op_kind(name: str, fields: dict, max_size: int, optional: frozenset[str] = frozenset()) -> MessageKind:
+    body = Struct({"parents": _parents, "seq": Int(1, 2**40), **fields}, optional=optional)
     return register(MessageKind(f"crdt.{name}", body, max_size))
 
 
 CRDT_JOIN = _op_kind("join", {"round": _round}, 4 * KiB)
 CRDT_LEAVE = _op_kind("leave", {"round": _round}, 4 * KiB)
-CRDT_VOTE = _op_kind("vote", {"round": Int(1, 2**40), "hash": _hash}, 4 * KiB)
+# A vote for the new state's hash; `proposer` names whose proposal the voter aggregated (the
+# certificate's voters thereby say which contributions the round accepted: crdt/electorate.py).
+CRDT_VOTE = _op_kind(
+    "vote", {"round": Int(1, 2**40), "hash": _hash, "proposer": _public_key}, 4 * KiB, optional=frozenset({"proposer"})
+)
+# A member's word that attempt `attempt` of round `round` passed the run's round deadline on its
+# clock without a certificate (crdt/electorate.py: attempts). Attempts are few: MAX_ATTEMPTS.
+CRDT_TIMEOUT = _op_kind("timeout", {"round": Int(1, 2**40), "attempt": Int(0, 63)}, 4 * KiB)
 # An author's commitment to its encoded pseudo-gradient for a round: SHA-256 and length of the payload.
 MAX_PAYLOAD_SIZE = 2**31
 CRDT_COMMIT = _op_kind("commit", {"round": Int(1, 2**40), "hash": _hash, "size": Int(1, MAX_PAYLOAD_SIZE)}, 4 * KiB)
@@ -146,7 +157,7 @@ CRDT_EVIDENCE = _op_kind(
     },
     2 * (MAX_OP_SIZE + SEAL_OVERHEAD) + 4 * KiB,
 )
-_op_kinds = (CRDT_JOIN, CRDT_LEAVE, CRDT_VOTE, CRDT_COMMIT, CRDT_PROPOSE, CRDT_CHECKPOINT, CRDT_ATTEST, CRDT_HPARAMS, CRDT_SNAPSHOT,
+_op_kinds = (CRDT_JOIN, CRDT_LEAVE, CRDT_VOTE, CRDT_TIMEOUT, CRDT_COMMIT, CRDT_PROPOSE, CRDT_CHECKPOINT, CRDT_ATTEST, CRDT_HPARAMS, CRDT_SNAPSHOT,
              CRDT_EVIDENCE)
 CRDT_OP_KINDS = frozenset(kind.name for kind in _op_kinds)
 MAX_SEALED_OP = CRDT_EVIDENCE.max_size + SEAL_OVERHEAD  # the largest op on the wire

@@ -38,10 +38,12 @@ def sign_manifest(
     allowlist: list[bytes] | None = None,
     hparam_writers: list[bytes] | None = None,
     public: bool = False,
+    influence: str = "earned",
 ) -> bytes:
     """A signed genesis manifest. With an allowlist the run is closed to other keys; without
-    one it is open. Hyperparameter writers default to the creator alone. `created` is a Unix
-    time in seconds, passed in (this package reads no clock)."""
+    one it is open. Hyperparameter writers default to the creator alone. `influence` says when a
+    member weighs in quorums: once a round accepted its contribution ("earned") or from its join
+    ("joined"). `created` is a Unix time in seconds, passed in (this package reads no clock)."""
     body = {
         "name": name,
         "task": task,
@@ -49,6 +51,7 @@ def sign_manifest(
         "seed": seed,
         "hparams": dict(hparams or {}),
         "admission": "allowlist" if allowlist is not None else "open",
+        "influence": influence,
         "allowlist": sorted(allowlist or []),
         "hparam_writers": sorted(hparam_writers if hparam_writers is not None else [creator.public_key]),
         "public": public,

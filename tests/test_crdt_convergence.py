@@ -66,7 +66,7 @@ class Convergence(RuleBasedStateMachine):
         }[what]
         if what == "hparams" and who != 0:
             return
-        if what == "vote" and any(r == next_round for _a, r, _h in self._own_votes(replica, key)):
+        if what == "vote" and any(row[1] == next_round for row in self._own_votes(replica, key)):
             return  # an honest member votes once per round
         if what == "commit" and key.public_key in replica.facts.commits_in(next_round):
             return  # and commits to one payload per round (saying it twice is allowed, but dull)

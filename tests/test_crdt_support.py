@@ -18,7 +18,10 @@ def keys(n: int, offset: int = 0) -> list[Identity]:
 
 
 def genesis(creator: Identity, **manifest) -> Genesis:
+    """A run created by `creator`; every member weighs in quorums from its join (`influence`
+    "joined") unless the test says otherwise: most tests here are not about earned influence."""
     manifest.setdefault("hparams", {"outer_lr": 0.7, "inner_steps": 100})
+    manifest.setdefault("influence", "joined")
     return Genesis.from_manifest(sign_manifest(creator, task="synthetic", created=1_700_000_000, **manifest))
 
 
