@@ -29,17 +29,25 @@ class Phase(enum.Enum):
 
 @dataclass(frozen=True)
 class Observation:
-    """What the run state says now. `commits` and `electorate` are for round `certified + 1`."""
+    """What the run state says now. `commits`, `electorate` and the rest are for round `certified + 1`."""
 
     now: float
     certified: int  # newest certified round (0: none yet; the genesis state)
     certified_hash: bytes | None  # its state hash (None for round 0)
-    electorate: frozenset[Author]  # peers eligible for round certified + 1
+    electorate: frozenset[Author]  # who votes and proposes in round certified + 1 (its current attempt)
     commits: dict[Author, tuple[PayloadId, int]]  # round certified + 1: author -> (payload ID, size)
     proposals: dict[Author, tuple[Author, ...]] = field(default_factory=dict)  # round certified + 1
     certified_proposals: dict[Author, tuple[Author, ...]] = field(default_factory=dict)  # round certified
     unreachable: frozenset[Author] = frozenset()  # committed authors we hold no connection to right now
-    lapsed: bool = False  # we are a member left out of the electorate for want of activity: join again
+    lapsed: bool = False  # we are a member left out of the contributors for want of activity: join again
+    contributors: frozenset[Author] | None = None  # who may commit (None: the electorate)
+    attempt: int = 0  # the current attempt of round certified + 1 (crdt/electorate.py)
+    seed: bytes = b""  # randomness no key could know when it was made: the certified hash, or the run ID
+
+    @property
+    def able(self) -> frozenset[Author]:
+        """Who may commit in round certified + 1."""
+        return self.electorate if self.contributors is None else self.contributors
 
 
 @dataclass(frozen=True)
@@ -117,6 +125,15 @@ class StartAggregate:
 class PublishVote:
     round: int
     state_hash: bytes
+    proposer: Author | None = None  # whose proposal we aggregated
+
+
+@dataclass(frozen=True)
+class PublishTimeout:
+    """Attempt `attempt` of round `round` passed the run's round deadline on our clock, uncertified."""
+
+    round: int
+    attempt: int
 
 
 @dataclass(frozen=True)
@@ -157,6 +174,6 @@ class RoundDone:
 
 
 Action = Union[
-    StartTraining, PublishCommit, Fetch, PublishProposal, StartAggregate, PublishVote, StartSync, StopTraining, Discard,
-    PublishJoin, RoundDone,
+    StartTraining, PublishCommit, Fetch, PublishProposal, StartAggregate, PublishVote, PublishTimeout, StartSync,
+    StopTraining, Discard, PublishJoin, RoundDone,
 ]

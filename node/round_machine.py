@@ -3,20 +3,24 @@
 Theory of operation
 -------------------
 The run's CRDT (`locomesh.crdt`) certifies rounds: round r is done when more than two thirds of
-the peers eligible for r signed the same hash of the new shared state. A peer holding the state
-of the newest certified round c takes part in round c + 1:
+its electorate signed the same hash of the new shared state. Its *contributors* may commit
+payloads; its *electorate* (contributors that earned their say: `crdt/electorate.py`) votes,
+proposes and stores the state. A peer holding the state of the newest certified round c takes
+part in round c + 1:
 
 1. it trains H inner steps and encodes its pseudo-gradient (the *payload*);
 2. it commits to the payload (a signed `commit` op naming the payload's content ID) and offers it
    to the others;
-3. it fetches every payload the other eligible peers commit to, from the moment it sees the
+3. it fetches every payload the other contributors commit to, from the moment it sees the
    commit (during its own training too). The round's contributions are the commits seen before
    the *cutoff*: the time the round's first commit was seen, plus a window. Every peer sees the
    first commit within a gossip delay of the others, so honest peers cut at nearly the same
    moment and pick the same set; a commit that lands after the cutoff, our own included, is left
    out by everyone. A vanished or slow peer costs one window, never the round;
 4. cut-off times still differ a little, so one peer's set decides: the round's *proposer*, the
-   first of the electorate in an order drawn from the round number, publishes the set it cut
+   first of the electorate in an order drawn from the round, its attempt and the hash certified
+   before it (no key could know that hash when it was made, so none is ground to come first),
+   publishes the set it cut
    (a `propose` op); everyone aggregates exactly that set (fetching what it lacks), so honest
    peers compute the same state. A proposer that stays silent hands over to the next one: after
    one window if it did not commit this round (it is probably gone), after PATIENCE windows if it
@@ -25,10 +29,12 @@ of the newest certified round c takes part in round c + 1:
    crashed after its commit, likely with delayed updates, which commit as a round starts): one
    window then. Connections are not seen alike everywhere, but a crash cuts all of them at once.
    Until it starts aggregating, a peer switches to the proposal of an earlier proposer when one
-   appears (so one that moved on too early goes back). A set naming fewer than half of the
+   appears (so one that moved on too early goes back). A set naming no more than half of the
    round's electorate is refused. A payload of the followed set whose fetch failed is asked for
    again after a pause that doubles with each failure (RETRY_SECONDS, up to MAX_REFETCH_PAUSE):
-   the proposer had it, but whoever could serve it may be gone or busy;
+   the proposer had it, but whoever could serve it may be gone or busy. After ABANDON_AFTER
+   failures the proposal is given up for the attempt and the next proposer's turn comes (a
+   proposer that withholds a payload of its own set cannot hold the round);
 5. it aggregates (decode, validate, robust aggregation, outer step: bit-exact on every CPU),
    writes the new state as a checkpoint and votes for its hash;
 6. when the round is certified it moves on if its hash is the certified one, and otherwise
@@ -40,8 +46,13 @@ of the newest certified round c takes part in round c + 1:
    state over the network, which made a slow peer late for the next round too, round after
    round). The result must hash to the certified hash; if it does not, or a fetch fails, it
    syncs. A peer still aggregating when its round is certified finishes and compares the same way.
-   A peer that only synced for a few rounds falls out of the electorate (the CRDT's activity
-   rule, `crdt/view.py`); it joins again from the next round (`PublishJoin`).
+   A peer that only synced for a few rounds falls out of the contributors (the CRDT's activity
+   rule, `crdt/electorate.py`); it joins again from the next round (`PublishJoin`);
+7. the run's round deadline is enforced: when the round's current attempt has lasted that long
+   on our clock without a certificate, we say so (a `timeout` op). Once more than a third of the
+   attempt's electorate said so, the next attempt's electorate keeps only those that showed up
+   in the round (a member that crashed before committing leaves it), proposers take their turns
+   again in a new order, and the round can be certified without the missing.
 
 Nothing here touches the network, the disk or the clock. The service (`round_service.py`) feeds
 in `Observation`s (what the CRDT says now, and the time) and the completions of the work the
@@ -64,12 +75,12 @@ from __future__ import annotations
 import hashlib
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Iterator
 
 from .round_events import (  # noqa: F401 - re-exported: callers import the vocabulary from here too
     Action, Aggregated, Author, Discard, Event, Fetch, Fetched, Observation, PayloadId, Phase, PublishCommit,
-    PublishJoin, PublishProposal, PublishVote, RoundDone, StartAggregate, StartSync, StartTraining, StopTraining,
-    Synced, Trained,
+    PublishJoin, PublishProposal, PublishTimeout, PublishVote, RoundDone, StartAggregate, StartSync, StartTraining,
+    StopTraining, Synced, Trained,
 )
 
 # --- the machine -----------------------------------------------------------------------------------
@@ -78,7 +89,9 @@ MIN_COLLECT_SECONDS = 2.0
 RETRY_SECONDS = 1.0
 MAX_REFETCH_PAUSE = 8.0
 PATIENCE = 5  # windows a proposer that committed this round gets before the next one takes over
+ABANDON_AFTER = 3  # failed fetches of one payload of the followed proposal before we give that proposal up
 SPREAD_HISTORY = 3
+WORKING = frozenset({Phase.TRAIN, Phase.COLLECT, Phase.PROPOSE, Phase.REPLAY, Phase.AGGREGATE, Phase.VOTED})
 
 
 @dataclass
@@ -96,6 +109,10 @@ class _Round:
 
     number: int
     started: float
+    seed: bytes = b""  # what the round's proposer and steward orders are drawn from
+    attempt: int = 0  # the attempt of this round we saw last (crdt/electorate.py)
+    attempt_started: float = 0.0  # when we saw it begin (attempt 0: when the round started here)
+    timed_out: set[int] = field(default_factory=set)  # attempts we said passed the deadline
     committed_at: float | None = None  # when our own commit went out
     arrivals: dict[Author, float] = field(default_factory=dict)  # others' commits: when first seen
     fetched: set[Author] = field(default_factory=set)
@@ -105,6 +122,8 @@ class _Round:
     closed_at: float = 0.0  # when our own cut happened
     own_set: tuple[Author, ...] = ()  # what we would propose
     chosen: tuple[Author, ...] | None = None  # the proposal we follow
+    following: Author | None = None  # its proposer
+    abandoned: set[Author] = field(default_factory=set)  # proposers whose set could not be fetched
     last_commit: float = 0.0
     replay: bool = False  # aggregating a round certified without us, to adopt its state (no vote)
 
@@ -133,15 +152,17 @@ class RoundMachine:
 
     def handle(self, event: Event) -> list[Action]:
         """Feed one event; the actions to carry out, in order."""
+        deadline: list[Action] = []
         if isinstance(event, Observation):
             self.last = event
             moved = self._follow_certificates(event)
             if moved is not None:
                 return moved
+            deadline = self._watch_deadline(event)
         handler = TRANSITIONS.get((self.phase, type(event)))
         if handler is None or not self._is_current(event):
-            return []
-        return handler(self, event)
+            return deadline
+        return deadline + handler(self, event)
 
     # --- observations, per phase ------------------------------------------------------------------
 
@@ -177,11 +198,12 @@ class RoundMachine:
         next_round = self.state_round + 1
         if seen.certified != self.state_round:
             return []
-        if self.me not in seen.electorate:
+        if self.me not in seen.able:
             return self._rejoin(seen)  # else not eligible yet: a late joiner waits for the round its join names
-        if len(seen.electorate) < self.timing.min_peers:
+        if len(seen.able) < self.timing.min_peers:
             return []  # the run waits for enough peers before its first (or next) round
-        self.phase, self.current = Phase.TRAIN, _Round(next_round, seen.now)
+        self.phase = Phase.TRAIN
+        self.current = _Round(next_round, seen.now, seed=seen.seed, attempt=seen.attempt, attempt_started=seen.now)
         return [StartTraining(next_round)]
 
     def _rejoin(self, seen: Observation) -> list[Action]:
@@ -191,6 +213,29 @@ class RoundMachine:
             return []
         self.rejoined_at = seen.certified
         return [PublishJoin(first_round_to_join(seen.certified, under_way=bool(seen.commits)))]
+
+    def _watch_deadline(self, seen: Observation) -> list[Action]:
+        """Follow the round's attempts, and say when the current one passed the run's round
+        deadline on our clock: more than a third of the electorate saying so starts the next
+        attempt, whose electorate leaves out whoever did not show up (crdt/electorate.py)."""
+        work = self.current
+        if work is None or self.phase not in WORKING or work.number != seen.certified + 1:
+            return []
+        if seen.attempt > work.attempt:
+            self._new_attempt(seen)
+        if seen.now < work.attempt_started + self.timing.round_deadline or work.attempt in work.timed_out:
+            return []
+        work.timed_out.add(work.attempt)
+        return [PublishTimeout(work.number, work.attempt)]
+
+    def _new_attempt(self, seen: Observation) -> None:
+        """The electorate changed: proposers take their turns again, in the new attempt's order,
+        from now; a proposal we gave up on gets another chance (its payloads may be served now)."""
+        work = self.current
+        work.attempt, work.attempt_started = seen.attempt, seen.now
+        work.abandoned.clear()
+        if self.phase is Phase.PROPOSE:
+            work.closed_at = seen.now
 
     def _watch_commits(self, seen: Observation) -> list[Action]:
         """Note the time of every new commit of the round and start fetching its payload."""
@@ -227,8 +272,18 @@ class RoundMachine:
         if self.phase is Phase.PROPOSE and self.current.chosen is not None:
             if done.ok:
                 return self._aggregate_if_ready()
-            self._pause_refetch(done.author, done.now)
+            if self._pause_refetch(done.author, done.now) >= ABANDON_AFTER:
+                return self._abandon(done.now)
         return []
+
+    def _abandon(self, now: float) -> list[Action]:
+        """A payload of the proposal we follow failed ABANDON_AFTER fetches: whoever could serve it
+        does not (a proposer that withholds its own payload would hold the round for ever). Give
+        that proposal up for this attempt and follow (or make) the next one in proposer order."""
+        work = self.current
+        work.abandoned.add(work.following)
+        work.chosen = work.following = None
+        return self._propose_or_follow(now)
 
     def _aggregated(self, done: Aggregated) -> list[Action]:
         seen = self.last
@@ -236,7 +291,7 @@ class RoundMachine:
             return self._compare_with_certificate(done, seen)
         self.phase = Phase.VOTED
         self.voted_hash = done.state_hash
-        return [] if done.state_hash is None else [PublishVote(done.round, done.state_hash)]
+        return [] if done.state_hash is None else [PublishVote(done.round, done.state_hash, self.current.following)]
 
     def _compare_with_certificate(self, done: Aggregated, seen: Observation) -> list[Action]:
         """The round was certified while we aggregated (or replayed it): adopt our result if it is
@@ -266,7 +321,7 @@ class RoundMachine:
         work = self.current
         ours = {self.me} if work.committed_at is not None else set()
         coming = work.fetched | (set(work.arrivals) - work.failed)
-        for proposer in proposer_order(work.number, set(seen.certified_proposals)):
+        for proposer in proposer_order(work.number, work.seed, set(seen.certified_proposals)):
             authors = seen.certified_proposals[proposer]
             if set(authors) <= coming | ours:
                 return authors
@@ -308,7 +363,7 @@ class RoundMachine:
         commit seen before the cutoff are fetched or failed; then propose or follow a proposal."""
         work, seen = self.current, self.last
         cutoff = self.cutoff()
-        expected = (seen.electorate if seen is not None else frozenset()) - {self.me}
+        expected = (seen.able if seen is not None else frozenset()) - {self.me}
         counted = {author for author, at in work.arrivals.items() if at <= cutoff}
         if now < cutoff and not expected <= counted:
             return []
@@ -332,20 +387,29 @@ class RoundMachine:
         """Follow the first acceptable proposal in proposer order whose turn has come (switching
         to it if we followed a later one), or publish ours when our turn comes with none before it."""
         work, seen = self.current, self.last
-        turn_start = work.closed_at
-        # The order is over the electorate, which every peer sees alike (who has committed is not:
-        # peers that ordered different candidates would wait for different proposers).
-        for proposer in proposer_order(work.number, seen.electorate | {self.me}):
+        for proposer, starts, ends in self._turns():
             proposal = seen.proposals.get(proposer)
             if proposal is not None and self._acceptable(proposal, seen):
-                return [] if proposal == work.chosen else self._follow(proposal)
-            if proposal is None and proposer == self.me and work.chosen is None and now >= turn_start:
+                return [] if proposal == work.chosen else self._follow(proposer, proposal)
+            if proposal is None and proposer == self.me and work.chosen is None and now >= starts:
                 own = work.own_set
-                return [PublishProposal(work.number, own), *self._follow(own)] if own else []
-            turn_start += self._turn(proposer, seen)
-            if now < turn_start:
+                return [PublishProposal(work.number, own), *self._follow(self.me, own)] if own else []
+            if now < ends:
                 return []  # still this proposer's turn
         return []
+
+    def _turns(self) -> Iterator[tuple[Author, float, float]]:
+        """(proposer, its turn's start, its end) in proposer order, from our cut on. The order is
+        over the electorate, which every peer sees alike (who has committed is not: peers that
+        ordered different candidates would wait for different proposers). A proposer whose set
+        we gave up on (`_abandon`) has had its turn."""
+        work, seen = self.current, self.last
+        starts = work.closed_at
+        for proposer in proposer_order(work.number, work.seed, seen.electorate, work.attempt):
+            if proposer not in work.abandoned:
+                ends = starts + self._turn(proposer, seen)
+                yield proposer, starts, ends
+                starts = ends
 
     def _turn(self, proposer: Author, seen: Observation) -> float:
         """How long `proposer` may take to propose before the next one's turn."""
@@ -353,13 +417,15 @@ class RoundMachine:
         return self.window() * (PATIENCE if alive else 1)
 
     def _acceptable(self, proposal: tuple[Author, ...], seen: Observation) -> bool:
-        """Every author named committed, and they are more than half of the electorate (a rule
-        that does not depend on anyone's timing, so every honest peer decides alike)."""
-        return set(proposal) <= {*seen.commits, self.me} and 2 * len(proposal) > len(seen.electorate)
+        """Every author named committed, and more than half of the electorate is named (a rule
+        that does not depend on anyone's timing, so every honest peer decides alike; and a set of
+        keys that merely joined cannot outweigh the members who earned their say)."""
+        named = set(proposal)
+        return named <= {*seen.commits, self.me} and 2 * len(named & seen.electorate) > len(seen.electorate)
 
-    def _follow(self, proposal: tuple[Author, ...]) -> list[Action]:
+    def _follow(self, proposer: Author, proposal: tuple[Author, ...]) -> list[Action]:
         work = self.current
-        work.chosen = proposal
+        work.chosen, work.following = proposal, proposer
         return self._refetch(self.last.now) + self._aggregate_if_ready()
 
     def _refetch(self, now: float) -> list[Action]:
@@ -381,11 +447,13 @@ class RoundMachine:
                 actions.append(Fetch(work.number, author, payload_id, size))
         return actions
 
-    def _pause_refetch(self, author: Author, now: float) -> None:
-        """A fetch of the followed set failed: ask again after RETRY_SECONDS, doubled per failure."""
+    def _pause_refetch(self, author: Author, now: float) -> int:
+        """A fetch of the followed set failed: ask again after RETRY_SECONDS, doubled per failure.
+        How many times it failed so far."""
         work = self.current
         failures = work.refetches[author] = work.refetches.get(author, 0) + 1
         work.refetch_at[author] = now + min(RETRY_SECONDS * 2 ** (failures - 1), MAX_REFETCH_PAUSE)
+        return failures
 
     def _aggregate_if_ready(self) -> list[Action]:
         work = self.current
@@ -393,6 +461,37 @@ class RoundMachine:
             return []
         self.phase = Phase.AGGREGATE
         return [StartAggregate(work.number, work.chosen, work.last_commit)]
+
+    def waiting_on(self, voted: frozenset[Author] = frozenset()) -> tuple[str, frozenset[Author]]:
+        """What the round waits for now, and on whom (for `run status`); `voted`: who voted in
+        the round so far."""
+        work, seen = self.current, self.last
+        if seen is None:
+            return "the run's state", frozenset()
+        if work is None:
+            if self.me not in seen.able:
+                return "our join to take effect", frozenset({self.me})
+            return f"{self.timing.min_peers} contributors ({len(seen.able)} so far)", frozenset()
+        missing_payloads = frozenset(work.arrivals) - work.fetched - work.failed
+        match self.phase:
+            case Phase.TRAIN:
+                return "our inner steps", frozenset({self.me})
+            case Phase.COLLECT:
+                return "commits and payloads until the cutoff", (seen.able - set(seen.commits) - {self.me}) | missing_payloads
+            case Phase.PROPOSE if work.chosen is None:
+                return "the round's proposal", frozenset(self._proposer_on_turn(seen.now))
+            case Phase.PROPOSE | Phase.REPLAY:
+                return "payloads of the proposal we follow", frozenset(work.chosen) - work.fetched - {self.me}
+            case Phase.AGGREGATE:
+                return "our outer step", frozenset({self.me})
+            case Phase.VOTED:
+                return f"votes of more than two thirds of {len(seen.electorate)}", seen.electorate - voted
+            case _:
+                return "the certified state", frozenset()
+
+    def _proposer_on_turn(self, now: float) -> list[Author]:
+        """The proposer whose turn it is now (none if every turn has passed)."""
+        return next(([proposer] for proposer, _starts, ends in self._turns() if now < ends), [])
 
     def window(self) -> float:
         """The cutoff window: a floor, or twice the commit spread of recent rounds."""
@@ -434,24 +533,27 @@ def first_round_to_join(certified: int, *, under_way: bool) -> int:
     return certified + (2 if under_way else 1)
 
 
-def state_stewards(round_number: int, electorate: set[Author] | frozenset[Author]) -> list[Author]:
+def state_stewards(round_number: int, seed: bytes, electorate: set[Author] | frozenset[Author]) -> list[Author]:
     """The members that store round `round_number`'s new state for peers that sync; the others
-    only attest its checkpoint ID (writing 300 MB a round on every peer cost each about 1 CPU-s
-    that the round's training and exchange were short of). More than the faults a quorum
+    only attest its checkpoint ID (writing a whole state every round on every peer cost each CPU
+    time that the round's training and exchange were short of). More than the faults a quorum
     tolerates (f < n/3), at least two: one honest steward that voted the certified hash always
-    stores it. Drawn from the round number, as the proposers are, so the work moves round by round."""
-    order = _drawn_order(b"locomesh steward", round_number, electorate)
+    stores it. Drawn as the proposers are, so the work moves round by round."""
+    order = _drawn_order(b"locomesh steward", round_number, seed, 0, electorate)
     return order[: max(2, (len(order) - 1) // 3 + 1)]
 
 
-def proposer_order(round_number: int, candidates: set[Author] | frozenset[Author]) -> list[Author]:
-    """The order in which `candidates` may propose round `round_number`'s set: drawn from the round
-    number, so it changes every round and no peer picks its place."""
-    return _drawn_order(b"locomesh proposer", round_number, candidates)
+def proposer_order(round_number: int, seed: bytes, candidates: set[Author] | frozenset[Author], attempt: int = 0) -> list[Author]:
+    """The order in which `candidates` may propose the set of round `round_number` (in attempt
+    `attempt`): drawn from the round, the attempt and `seed` (the hash of the state certified
+    before the round, which no key could know when it was made: nobody grinds a key to come first
+    in a round of its choosing), so it changes every round and every attempt."""
+    return _drawn_order(b"locomesh proposer", round_number, seed, attempt, candidates)
 
 
-def _drawn_order(label: bytes, round_number: int, members: set[Author] | frozenset[Author]) -> list[Author]:
-    """`members` in an order drawn from (`label`, round number): the same on every peer, new every
-    round, and no peer can pick its place."""
-    tag = round_number.to_bytes(8, "big")
-    return sorted(members, key=lambda key: hashlib.sha256(label + tag + key).digest())
+def _drawn_order(label: bytes, round_number: int, seed: bytes, attempt: int,
+                 members: set[Author] | frozenset[Author]) -> list[Author]:
+    """`members` in an order drawn from (`label`, round, attempt, `seed`): the same on every peer,
+    new every round, and no peer can pick its place."""
+    tag = hashlib.sha256(label + round_number.to_bytes(8, "big") + attempt.to_bytes(2, "big") + seed).digest()
+    return sorted(members, key=lambda key: hashlib.sha256(tag + key).digest())

@@ -51,6 +51,8 @@ Compute = Callable[..., Awaitable[Any]]
 POLL_SECONDS = 0.2  # the machine sees the time at least this often (and at once after news)
 FETCH_TIMEOUT = 60.0
 FETCH_RETRY_SECONDS = 0.5
+STALL_SECONDS = 5.0  # after the cutoff, a payload of which no byte arrived this long is given up
+STALL_POLL_SECONDS = 0.5
 SYNC_TIMEOUT = 300.0
 KEPT_ROUNDS = 3  # payloads and states of older rounds are deleted
 HISTORY = 100
@@ -126,23 +128,30 @@ class RunParticipation:
         state = self.replica.state
         next_round = state.round + 1
         commits = self.replica.commits(next_round)
+        attempts = self.replica.attempts(next_round)
         return rm.Observation(
             now=trio.current_time(),
             certified=state.round,
             certified_hash=state.rounds[-1][1] if state.rounds else None,
-            electorate=frozenset(self.replica.electorate(next_round)),
+            electorate=attempts[-1],
             commits=commits,
             proposals=self.replica.proposals(next_round),
             certified_proposals=self.replica.proposals(state.round) if state.round else {},
             unreachable=frozenset(author for author in commits if author != self.me and not self._connected(author)),
             lapsed=self.replica.lapsed(self.me, next_round),
+            contributors=frozenset(self.replica.contributors(next_round)),
+            attempt=len(attempts) - 1,
+            seed=self._seed(next_round),
         )
 
+    def _seed(self, round_number: int) -> bytes:
+        """What round `round_number`'s proposer and steward orders are drawn from: the hash of the
+        state certified before it (no key could know it when it was made), or the run ID."""
+        certificate = self.replica.state.certificates.get(round_number - 1)
+        return self.run_id if certificate is None else certificate.hash
+
     def _connected(self, author: bytes) -> bool:
-        peer_id = self._peer_ids.get(author)
-        if peer_id is None:
-            peer_id = self._peer_ids[author] = peer_id_from_public_key(author)
-        return peer_id in self.node.peers
+        return self._peer_id(author) in self.node.peers
 
     def status(self) -> dict[str, Any]:
         state = self.replica.state
@@ -158,6 +167,8 @@ class RunParticipation:
             },
             "run_id": short_run_id(self.run_id),
             "phase": "failed" if self.failure else self.machine.phase.value,
+            "attempt": len(self.replica.attempts(next_round)) - 1,
+            "waiting": self._waiting(),
             "error": self.failure,
             "round": self.machine.state_round,
             "certified": state.round,
@@ -170,6 +181,22 @@ class RunParticipation:
             "initial_eval_loss": self.initial_eval.get("loss"),
             "history": [record.to_json() for record in self.history],
         }
+
+    def _waiting(self) -> dict[str, Any]:
+        """What the round waits for, and on whom (peer IDs)."""
+        state = self.replica.state
+        what, on = self.machine.waiting_on(frozenset(self.replica.votes(state.round + 1)))
+        return {"for": what, "on": sorted(self._peer_id(author) for author in on)}
+
+    def _waiting_text(self) -> str:
+        waiting = self._waiting()
+        return waiting["for"] + (f" from {', '.join(waiting['on'])}" if waiting["on"] else "")
+
+    def _peer_id(self, author: bytes) -> str:
+        peer_id = self._peer_ids.get(author)
+        if peer_id is None:
+            peer_id = self._peer_ids[author] = peer_id_from_public_key(author)
+        return peer_id
 
     # --- actions ------------------------------------------------------------------------------
 
@@ -195,8 +222,13 @@ class RunParticipation:
                                 trio.current_time() - last_commit)
                     self.work.cancel(fetches_only=True)
                     self._start(self.work.tasks, self._aggregate, self.work, authors, last_commit)
-                case rm.PublishVote(round=r, state_hash=state_hash):
-                    self.crdt.write(self.run_id, "vote", round=r, hash=state_hash)
+                case rm.PublishVote(round=r, state_hash=state_hash, proposer=proposer):
+                    fields = {} if proposer is None else {"proposer": proposer}
+                    self.crdt.write(self.run_id, "vote", round=r, hash=state_hash, **fields)
+                case rm.PublishTimeout(round=r, attempt=attempt):
+                    logger.warning("round %d: attempt %d passed the round deadline (%.0f s) uncertified; waiting for %s",
+                                   r, attempt, self.machine.timing.round_deadline, self._waiting_text())
+                    self.crdt.write(self.run_id, "timeout", round=r, attempt=attempt)
                 case rm.StartSync(round=r, state_hash=state_hash):
                     for scope in self.syncs:
                         scope.cancel()
@@ -287,18 +319,24 @@ class RunParticipation:
     async def _fetch(self, work: RoundWork, author: bytes, payload_id: bytes, size: int) -> None:
         """Fetch one payload, trying again while FETCH_TIMEOUT lasts: a provider that is busy, or a
         payload that only its author has so far, is a reason to wait, not to leave it out (a peer
-        that leaves out what the others include votes for another hash). But an author we hold no
-        connection to after a failed try is gone (it crashed after its commit; each try waits for
-        dials to it to time out): its payload is given up then, not after FETCH_TIMEOUT, which held
-        the round up that long. If another peer has it, the round's proposal makes us fetch it again."""
+        that leaves out what the others include votes for another hash). Two things end the wait
+        early. An author we hold no connection to after a failed try is gone (it crashed after its
+        commit; each try waits for dials to it to time out): its payload is given up then. And once
+        the round's cutoff has passed, a payload of which no byte arrived for STALL_SECONDS (or a
+        window, if longer) is one nobody serves: its author withholds it, and would otherwise cost
+        every round FETCH_TIMEOUT. If another peer has it, the round's proposal makes us fetch it again."""
         payload, started = None, trio.current_time()
+        progress = DownloadProgress(payload_id)  # kept across tries: its byte count shows a stall
         with trio.move_on_after(min(FETCH_TIMEOUT, self.machine.timing.round_deadline / 4)):
-            while payload is None:
-                payload = await self._download_payload(work.round, author, payload_id, size)
-                if payload is None:
-                    if not self._connected(author):
-                        break
-                    await trio.sleep(FETCH_RETRY_SECONDS)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._give_up_when_stalled, work, progress, nursery.cancel_scope)
+                while payload is None:
+                    payload = await self._download_payload(work.round, author, payload_id, size, progress)
+                    if payload is None:
+                        if not self._connected(author):
+                            break
+                        await trio.sleep(FETCH_RETRY_SECONDS)
+                nursery.cancel_scope.cancel()
         if payload is not None:
             work.payloads[author] = payload
             work.arrived[author] = trio.current_time()
@@ -306,11 +344,28 @@ class RunParticipation:
                      "fetched" if payload is not None else "not fetched", trio.current_time() - started)
         self._emit(rm.Fetched(work.round, author, payload is not None, trio.current_time()))
 
-    async def _download_payload(self, round_number: int, author: bytes, payload_id: bytes, size: int) -> bytes | None:
+    async def _give_up_when_stalled(self, work: RoundWork, progress: DownloadProgress, fetch: trio.CancelScope) -> None:
+        """Cancel `fetch` once the round's cutoff has passed and no byte arrived for a while
+        (waking only when that could first be true, not on a polling tick)."""
+        seen_bytes, since = progress.bytes_fetched, trio.current_time()
+        while (current := self.machine.current) is not None and current.number == work.round:
+            stall = max(STALL_SECONDS, self.machine.window())
+            cutoff = self.machine.cutoff() if current.first_seen is not None else math.inf
+            now = trio.current_time()
+            if progress.bytes_fetched != seen_bytes:
+                seen_bytes, since = progress.bytes_fetched, now
+            elif now >= cutoff and now - since >= stall:
+                logger.info("round %d: no byte of a payload for %.1f s after the cutoff: given up", work.round, now - since)
+                fetch.cancel()
+                return
+            await trio.sleep_until(max(min(cutoff, now + stall), since + stall, now + STALL_POLL_SECONDS))
+
+    async def _download_payload(self, round_number: int, author: bytes, payload_id: bytes, size: int,
+                                progress: DownloadProgress) -> bytes | None:
         providers = [peer_id_from_public_key(author), *self._other_members(exclude=author)]
         try:
             await download_checkpoint(self.node, self.directory, payload_id, providers, scores=self.scores,
-                                      progress=DownloadProgress(payload_id), offload=self.offload)
+                                      progress=progress, offload=self.offload)
             tensors, metadata = await self.offload(checkpoint_store().load_checkpoint, self.directory, payload_id)
         except (DownloadError, OSError, ValueError) as error:
             logger.info("round %d: payload of %s not fetched: %s", round_number, peer_id_from_public_key(author), error)
@@ -389,27 +444,33 @@ class RunParticipation:
         self._emit(rm.Synced(round_number, adopted, trio.current_time()))
 
     async def _download_state(self, round_number: int, state_hash: bytes) -> bytes | None:
-        checkpoint = next((c for c in self.replica.state.checkpoints if c.round == round_number), None)
-        if checkpoint is None:
-            return None  # nobody attested it yet; the machine asks again
+        """Download and load the certified state of `round_number`: each checkpoint its voters
+        attested, most attested first, until one holds the certified state (a minority of voters
+        can attest a bogus ID; it costs a manifest, not the sync)."""
+        for checkpoint in self.replica.checkpoint_candidates(round_number):
+            if await self._try_state(round_number, state_hash, checkpoint.id):
+                logger.info("run %s: synced to round %d", short_run_id(self.run_id), round_number)
+                return state_hash
+        return None  # nobody attested it yet, or no attested one held it: the machine asks again
+
+    async def _try_state(self, round_number: int, state_hash: bytes, checkpoint_id: bytes) -> bool:
         try:
-            await download_checkpoint(self.node, self.directory, checkpoint.id, self._state_providers(round_number),
-                                      scores=self.scores, progress=DownloadProgress(checkpoint.id), offload=self.offload)
-            manifest = await self.offload(_read_installed_manifest, self.directory, checkpoint.id)
+            await download_checkpoint(self.node, self.directory, checkpoint_id, self._state_providers(round_number),
+                                      scores=self.scores, progress=DownloadProgress(checkpoint_id), offload=self.offload)
+            manifest = await self.offload(_read_installed_manifest, self.directory, checkpoint_id)
         except (DownloadError, OSError, ValueError) as error:
             logger.info("round %d: state download failed: %s", round_number, error)
-            return None
+            return False
         if manifest.state_hash != state_hash:
-            logger.warning("round %d: the canonical checkpoint is not the certified state", round_number)
-            return None
+            logger.warning("round %d: attested checkpoint %s is not the certified state", round_number, checkpoint_id.hex()[:12])
+            return False
         async with self._compute:
             try:
-                await self.compute(self.participant.load, self.directory, checkpoint.id, self.run_id)
+                await self.compute(self.participant.load, self.directory, checkpoint_id, self.run_id)
             except ValueError as error:
                 logger.warning("round %d: the certified state does not fit this run: %s", round_number, error)
-                return None
-        logger.info("run %s: synced to round %d", short_run_id(self.run_id), round_number)
-        return state_hash
+                return False
+        return True
 
     async def _record(self, done: rm.RoundDone, work: RoundWork | None) -> None:
         now = trio.current_time()
@@ -434,7 +495,7 @@ class RunParticipation:
         return first + [peer for peer in self._other_members() if peer not in first]
 
     def _stewards(self, round_number: int) -> list[bytes]:
-        return rm.state_stewards(round_number, self.replica.electorate(round_number))
+        return rm.state_stewards(round_number, self._seed(round_number), self.replica.electorate(round_number))
 
     def _other_members(self, exclude: bytes | None = None) -> list[str]:
         return [peer_id_from_public_key(member) for member in self.replica.state.members

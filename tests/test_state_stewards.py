@@ -43,7 +43,7 @@ def participation(me, replica, directory) -> tuple[RunParticipation, Attestation
 @pytest.mark.trio
 async def test_stewards_store_the_state_and_the_others_only_attest_it(tmp_path):
     replica = joined_replica(MEMBERS)
-    stewards = rm.state_stewards(ROUND, replica.electorate(ROUND))
+    stewards = rm.state_stewards(ROUND, replica.run_id, replica.electorate(ROUND))  # no round certified: the run ID seeds it
     assert len(stewards) == 2
     snapshot = StateSnapshot({"theta": np.arange(50_000, dtype=np.float32)}, ROUND)
     expected = snapshot.manifest(replica.run_id)
@@ -57,7 +57,7 @@ async def test_stewards_store_the_state_and_the_others_only_attest_it(tmp_path):
 
 def test_a_syncing_peer_asks_the_stewards_first(tmp_path):
     replica = joined_replica(MEMBERS)
-    stewards = rm.state_stewards(ROUND, replica.electorate(ROUND))
+    stewards = rm.state_stewards(ROUND, replica.run_id, replica.electorate(ROUND))  # no round certified: the run ID seeds it
     outsider = next(m for m in MEMBERS if m.public_key not in stewards)
     party, _ = participation(outsider, replica, tmp_path)
     providers = party._state_providers(ROUND)

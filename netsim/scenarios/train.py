@@ -56,6 +56,7 @@ from .. import clock
 from ..links import Capacity, LinkProfile
 from ..node import SimNode
 from ..report import percentile, table
+from ..adversaries import WithholdingCheckpointService
 from ..sim_participant import SimCompute, SimCost, SimParticipant
 from ..simulation import Simulation, run_simulation
 
@@ -82,6 +83,7 @@ class Config:
     slow: int = 0
     slow_factor: float = 1.5
     byzantine: int = 0
+    withholding: int = 0  # members that commit and never serve a payload (netsim/adversaries.py)
     churn: int = 0
     churn_round: int = 2
     churn_every: int = 0  # rounds between churn waves after the first (0: one wave)
@@ -89,11 +91,14 @@ class Config:
     run_timeout: float = 3600.0  # virtual seconds after the last join
 
 
+HOSTILE = frozenset({"byzantine", "withholding"})
+
+
 @dataclass
 class _Member:
     index: int
     node: SimNode
-    kind: str  # honest, slow, byzantine, joiner
+    kind: str  # honest, slow, joiner, or one of HOSTILE
     registry: RunRegistryService
     rounds: RoundService
     compute: SimCompute
@@ -137,8 +142,9 @@ class _Run:
             return SimParticipant(body, key, cost, byzantine=kind == "byzantine")
 
         crdt = CrdtService(data_dir)
-        checkpoints = CheckpointService(data_dir / "checkpoints", dataplane=False, offload=run_inline,
-                                        discovery=lambda: registry.discovery)
+        serving = WithholdingCheckpointService if kind == "withholding" else CheckpointService
+        checkpoints = serving(data_dir / "checkpoints", dataplane=False, offload=run_inline,
+                              discovery=lambda: registry.discovery)
         compute = SimCompute()
         rounds = RoundService(registry, crdt, checkpoints, participant_factory=participant, compute=compute,
                               offload=run_inline)
@@ -154,9 +160,9 @@ class _Run:
 
     def _kinds(self) -> list[str]:
         config = self.config
-        kinds = ["honest"] + ["byzantine"] * config.byzantine + ["slow"] * config.slow
+        kinds = ["honest"] + ["byzantine"] * config.byzantine + ["withholding"] * config.withholding + ["slow"] * config.slow
         if len(kinds) > config.nodes:
-            raise ValueError("byzantine + slow must leave at least one honest node (node 0, the creator)")
+            raise ValueError("byzantine + withholding + slow must leave at least one honest node (node 0, the creator)")
         return kinds + ["honest"] * (config.nodes - len(kinds))
 
     # --- the run --------------------------------------------------------------------------------
@@ -293,7 +299,7 @@ class _Run:
         config = self.config
         shares = self._shares()
         hashes = self.final_hashes()
-        honest_hashes = {h for m in self.members if m.kind != "byzantine" and (h := hashes.get(m.name))}
+        honest_hashes = {h for m in self.members if m.kind not in HOSTILE and (h := hashes.get(m.name))}
         return {
             "seed": self.sim.seed,
             "nodes": config.nodes,
