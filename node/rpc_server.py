@@ -22,6 +22,7 @@ to ``node.shutdown`` gets out), then the connections are closed.
 
 from __future__ import annotations
 
+import errno
 import hmac
 import json
 import logging
@@ -34,7 +35,7 @@ import trio
 from . import metrics as metrics_module
 from .http11 import HttpError, Request, RequestParser, State, render_response
 from .rpc import INVALID_REQUEST, RpcDispatcher
-from .runtime import ListenError
+from .runtime import AddressInUse, ListenError
 
 logger = logging.getLogger(__name__)
 
@@ -69,11 +70,13 @@ class RpcServer:
     async def run(self, port: int = 0, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         """Listen on 127.0.0.1:`port` (0: any free port; the chosen one is `self.port`) until `stop()`.
 
-        Raises `ListenError` if the port cannot be had.
+        Raises `AddressInUse` if something listens there, `ListenError` if the port cannot be had otherwise.
         """
         try:
             listeners = await trio.open_tcp_listeners(port, host=HOST)
         except OSError as error:
+            if error.errno == errno.EADDRINUSE:
+                raise AddressInUse(f"address in use: {HOST}:{port} (the RPC port)") from None
             raise ListenError(f"cannot listen for RPC on {HOST}:{port}: {error.strerror}") from None
         self.port = listeners[0].socket.getsockname()[1]
         async with trio.open_nursery() as connections:

@@ -174,3 +174,16 @@ async def test_rpc_replies_never_fail_on_a_value(caplog):
     assert all(answer["error"]["code"] == INTERNAL_ERROR and "test.unwritable" in answer["error"]["message"]
                for answer in answers)
     assert len([record for record in caplog.records if "test.unwritable" in record.getMessage()]) == 1
+
+
+# --- D: the listen port -------------------------------------------------------------------------
+
+
+def test_a_second_daemon_on_a_listen_port_in_use_exits_2(daemon, tmp_path):
+    address = daemon.process.rpc().call("node.status")["listen_addrs"][0]
+    result = subprocess.run(
+        [sys.executable, "-m", "locomesh.cli.main", "node", "start", "--data-dir", str(tmp_path), "--listen", address],
+        capture_output=True, text=True, timeout=30,
+    )
+    assert result.returncode == 2
+    assert f"locomesh: address in use: {address}" in result.stderr and "Traceback" not in result.stderr

@@ -238,11 +238,11 @@ def test_an_address_it_cannot_listen_on_exits_1_with_one_line(tmp_path):
     assert not (tmp_path / "rpc.cookie").exists()
 
 
-def test_an_rpc_port_in_use_exits_1_with_one_line(swarm, tmp_path):
+def test_an_rpc_port_in_use_exits_2_with_one_line(swarm, tmp_path):
     port = swarm[0].rpc().port
     result = locomesh("node", "start", "--data-dir", str(tmp_path), "--listen", LOOPBACK, "--rpc-port", str(port))
-    assert result.returncode == 1
-    assert f"locomesh: cannot listen for RPC on 127.0.0.1:{port}" in result.stderr and "Traceback" not in result.stderr
+    assert result.returncode == 2
+    assert f"locomesh: address in use: 127.0.0.1:{port}" in result.stderr and "Traceback" not in result.stderr
 
 
 def test_sigterm_exits_0_and_the_peer_id_survives_a_restart(tmp_path):
