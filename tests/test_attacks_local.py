@@ -187,3 +187,79 @@ def test_a_second_daemon_on_a_listen_port_in_use_exits_2(daemon, tmp_path):
     )
     assert result.returncode == 2
     assert f"locomesh: address in use: {address}" in result.stderr and "Traceback" not in result.stderr
+
+
+# --- 9: Host header, metrics ---------------------------------------------------------------------
+
+
+def http(port: int, request: bytes) -> bytes:
+    """Send `request`, read the answer to its end (the server closes after refusing)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=15) as sock:
+        sock.sendall(request)
+        chunks = []
+        while chunk := sock.recv(65536):
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+
+def test_rpc_and_metrics_answer_only_our_own_host_names(daemon):
+    port, cookie = daemon.port(), daemon.process.rpc().cookie
+    call = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "node.status"}).encode()
+
+    def metrics(host: bytes) -> bytes:
+        return http(port, b"GET /metrics HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n" % host)
+
+    def status(host: bytes) -> bytes:
+        head = b"POST / HTTP/1.1\r\nHost: %s\r\nAuthorization: Bearer %s\r\n" % (host, cookie.encode())
+        head += b"Connection: close\r\n"
+        return http(port, head + b"Content-Length: %d\r\n\r\n" % len(call) + call)
+
+    for host in (b"rebound.example:%d" % port, b"127.0.0.1", b"127.0.0.1:1", b""):  # the cookie does not help
+        assert metrics(host).startswith(b"HTTP/1.1 403 ") and status(host).startswith(b"HTTP/1.1 403 ")
+    for host in (b"127.0.0.1:%d" % port, b"LOCALHOST:%d" % port, b"[::1]:%d" % port):
+        assert metrics(host).startswith(b"HTTP/1.1 200 ")
+    assert b'"peer_id"' in status(b"localhost:%d" % port)
+
+
+def test_the_metrics_count_strikes_without_naming_peers():
+    metrics = Metrics()
+    scores = PeerScores(metrics)
+    liar = "12D3KooWLiarLiarLiarLiarLiarLiarLiarLiarLiarLiar"
+    for _ in range(3):
+        scores.strike(liar, "chunk 0: hash mismatch")
+    scores.reward("12D3KooWHonestHonestHonestHonestHonestHonest")
+    text = metrics.render()
+    assert "12D3KooW" not in text and "peer=" not in text
+    assert "locomesh_peer_strikes_total 3\n" in text and "locomesh_peers_struck 1\n" in text
+    assert scores.get(liar).strikes == 3  # still known by peer behind the cookie (checkpoint.peers)
+
+
+# --- 10: idle and dribbling connections -------------------------------------------------------------
+
+
+def test_connections_that_hold_every_slot_do_not_lock_out_the_cookie_holder(daemon):
+    port = daemon.port()
+    head = b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n" % port  # never finished: each holds its slot
+    dribblers = [socket.create_connection(("127.0.0.1", port), timeout=15) for _ in range(MAX_CONNECTIONS)]
+    try:
+        for sock in dribblers:
+            sock.sendall(head)
+        time.sleep(0.3)  # every one accepted and reading
+        assert daemon.process.rpc().call("node.status")["peer_id"]  # a reserved slot, for the cookie
+        refused = http(port, head + b"Connection: close\r\n\r\n")  # read whole: the 503, not a reset
+        assert refused.startswith(b"HTTP/1.1 503 ") and b"Connection: close" in refused and b"too many" in refused
+    finally:
+        for sock in dribblers:
+            sock.close()
+
+
+async def test_an_idle_connection_is_closed_soon(nursery):
+    """An idle connection is closed after a short first-byte timeout (2 s), not after the 10 s a
+    request may take to arrive: the bound is about behaviour, the margin wide."""
+    server = RpcServer(RpcDispatcher(RpcRegistry()), cookie="c" * 64, render_metrics=lambda: "")
+    port = await nursery.start(server.run)
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    with trio.fail_after(7):
+        assert await stream.receive_some(1024) == b""  # closed without a word
+    await stream.aclose()
+    server.stop()
