@@ -263,3 +263,34 @@ async def test_an_idle_connection_is_closed_soon(nursery):
         assert await stream.receive_some(1024) == b""  # closed without a word
     await stream.aclose()
     server.stop()
+
+
+# --- 11: UPnP XML that is not UTF-8 ---------------------------------------------------------------
+
+DESCRIPTION = """<?xml version="1.0" encoding="{encoding}"?>{dtd}
+<root xmlns="urn:schemas-upnp-org:device-1-0"><device><serviceList><service>
+<serviceType>urn:schemas-upnp-org:service:WANIPConnection:1</serviceType>
+<controlURL>{control}</controlURL></service></serviceList></device></root>"""
+ENTITY = '<!DOCTYPE root [<!ENTITY c "/ctl/IPConn">]>'
+
+
+@pytest.mark.parametrize("data", [
+    DESCRIPTION.format(encoding="UTF-16", dtd=ENTITY, control="&c;").encode("utf-16"),  # BOM, DTD past a byte filter
+    DESCRIPTION.format(encoding="UTF-16", dtd="", control="/ctl/IPConn").encode("utf-16-le"),  # no BOM: NULs
+    DESCRIPTION.format(encoding="ISO-8859-1", dtd="", control="/ctl/IPConn").encode("latin-1"),
+    DESCRIPTION.format(encoding="UTF-8", dtd="", control="/ctl/\xe9").encode("latin-1"),  # says UTF-8, is not
+    DESCRIPTION.format(encoding="UTF-8", dtd=ENTITY, control="&c;").encode("utf-8"),
+])
+def test_upnp_xml_that_is_not_plain_utf8_is_refused(data):
+    location = Url.parse("http://192.168.1.1:5000/desc.xml")
+    with pytest.raises(MappingError) as refused:
+        upnp.find_control_url(data, location)
+    assert refused.value.code == "bad-reply"
+    with pytest.raises(MappingError):
+        upnp.decode_soap(200, data, "GetExternalIPAddress")
+
+
+def test_upnp_utf8_xml_still_parses():
+    location = Url.parse("http://192.168.1.1:5000/desc.xml")
+    data = b"\xef\xbb\xbf" + DESCRIPTION.format(encoding="utf-8", dtd="", control="/ctl/IPConn").encode()
+    assert str(upnp.find_control_url(data, location).control_url) == "http://192.168.1.1:5000/ctl/IPConn"
