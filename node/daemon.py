@@ -1,10 +1,12 @@
 """`locomesh node start`: the node, its data dir, its local RPC, and its signals, in one process.
 
 Start-up, in order: take the data dir's lock; check that nothing listens on
-our addresses yet (`locomesh.node.host.addresses_in_use`); load (or create,
-once) the identity; build the node with its services; listen; start the RPC
-server on 127.0.0.1; write a fresh cookie and ``rpc.json``. From that moment
-clients can find and drive the daemon (see `locomesh.node.datadir`).
+our addresses yet (`locomesh.node.host.addresses_in_use`); delete the
+temporaries that writes cut short by a crash left (`locomesh.protocol.files`);
+load (or create, once) the identity; build the node with its services;
+listen; start the RPC server on 127.0.0.1; write a fresh cookie and
+``rpc.json``. From that moment clients can find and drive the daemon (see
+`locomesh.node.datadir`).
 
 Shut-down starts on SIGINT, SIGTERM or the ``node.shutdown`` RPC: the RPC
 server stops taking connections and answers what it was serving, the
@@ -21,6 +23,7 @@ import logging
 import os
 import signal
 import sys
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -28,6 +31,7 @@ import trio
 from multiaddr import Multiaddr
 
 from locomesh.protocol import Identity
+from locomesh.protocol.files import remove_stray_temporaries
 
 from .checkpoint_service import CheckpointService
 from .config import NodeConfig
@@ -80,6 +84,7 @@ def run_daemon(config: NodeConfig, *, services: ServiceFactory = default_service
         busy = addresses_in_use([Multiaddr(address) for address in config.listen])
         if busy:
             raise AddressInUse(f"address in use: {', '.join(str(address) for address in busy)}")
+        _remove_stray_temporaries(datadir)
         identity = Identity.load_or_create(datadir.identity_path)
         try:
             trio.run(_serve, config, datadir, identity, services)
@@ -90,6 +95,13 @@ def run_daemon(config: NodeConfig, *, services: ServiceFactory = default_service
     finally:
         datadir.remove_rpc_files()
         datadir.unlock()
+
+
+def _remove_stray_temporaries(datadir: DataDir) -> None:
+    """Delete what writes cut short by a crash left (we hold the lock: nobody else writes here)."""
+    removed = remove_stray_temporaries(datadir.path, older_than=time.time())
+    if removed:
+        logger.info("removed %d temporary files left by an earlier daemon that stopped mid-write", removed)
 
 
 async def _serve(config: NodeConfig, datadir: DataDir, identity: Identity, services: ServiceFactory) -> None:

@@ -294,3 +294,13 @@ def test_upnp_utf8_xml_still_parses():
     location = Url.parse("http://192.168.1.1:5000/desc.xml")
     data = b"\xef\xbb\xbf" + DESCRIPTION.format(encoding="utf-8", dtd="", control="/ctl/IPConn").encode()
     assert str(upnp.find_control_url(data, location).control_url) == "http://192.168.1.1:5000/ctl/IPConn"
+
+
+# --- 12: stray temporaries ------------------------------------------------------------------------
+
+
+def test_stray_temporaries_are_removed_at_start(daemon):
+    data_dir = daemon.process.data_dir
+    assert [name for name in STALE if (data_dir / name).exists()] == []
+    assert all((data_dir / name).exists() for name in KEPT)
+    assert f"removed {len(STALE)} temporary files" in daemon.log.read_text()
