@@ -1,10 +1,11 @@
 """`locomesh node start` (run the daemon in the foreground) and `locomesh node stop`.
 
 Exit statuses of `node start`: 0 after a clean shutdown; 2 for a bad
-configuration, a data dir another daemon holds, or an unusable key (one line
-on stderr, no traceback); 1 if it cannot listen (one line) or fails while
-running (its log says why); 128 + N when a second signal N cut the shutdown
-short.
+configuration, a data dir another daemon holds, an unusable key, or a listen
+or RPC address something else listens on ("address in use: ADDR") (one line
+on stderr, no traceback); 1 if it cannot listen for another reason (one line)
+or fails while running (its log says why); 128 + N when a second signal N cut
+the shutdown short.
 """
 
 from __future__ import annotations
@@ -67,12 +68,12 @@ def start_daemon(args: argparse.Namespace) -> int:
 
     from locomesh.node.daemon import run_daemon  # the heavy import (libp2p), only now
     from locomesh.node.datadir import DataDirError
-    from locomesh.node.runtime import ListenError
+    from locomesh.node.runtime import AddressInUse, ListenError
     from locomesh.protocol import IdentityError
 
     try:
         return run_daemon(config)
-    except (DataDirError, IdentityError) as error:
+    except (DataDirError, IdentityError, AddressInUse) as error:  # the user's data dir or port: theirs to change
         return fail(str(error), EXIT_USAGE)
     except ListenError as error:
         return fail(str(error), EXIT_ERROR)

@@ -4,7 +4,9 @@ All talk to the running daemon (``run.create``, ``run.list``, ``run.info``: see
 `locomesh.node.run_registry_service`; ``run.join``, ``run.leave``, ``run.status``: see
 `locomesh.node.round_service`). Exit status: 0 with
 the answer, 1 when the daemon answers with an error (a run not found, a bad
-setting), 2 for bad arguments, 3 when no daemon runs on the data dir.
+setting: `run create` checks every setting and the task as a joiner would,
+and signs nothing they refuse), 2 for bad arguments, 3 when no daemon runs on
+the data dir.
 
 ``--set key=value`` values are typed the way a person means them: ``true`` /
 ``false``, integers, decimals, and everything else a string.
@@ -150,6 +152,8 @@ def format_status(status: dict[str, Any]) -> str:
         f"run {status['run_id']}: {status['phase']}, state of round {status['round']} "
         f"(certified {status['certified']}), {status['members']} members, {status['peers']} peers connected"
     ]
+    if status.get("error"):
+        lines.append(f"  stopped: {status['error']}")
     for record in status["history"]:
         how = "synced" if record["synced"] else f"{record['contributors']} payloads"
         loss = "-" if record["eval_loss"] is None else f"{record['eval_loss']:.4f}"

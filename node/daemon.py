@@ -1,9 +1,12 @@
 """`locomesh node start`: the node, its data dir, its local RPC, and its signals, in one process.
 
-Start-up, in order: take the data dir's lock; load (or create, once) the
-identity; build the node with its services; listen; start the RPC server on
-127.0.0.1; write a fresh cookie and ``rpc.json``. From that moment clients
-can find and drive the daemon (see `locomesh.node.datadir`).
+Start-up, in order: take the data dir's lock; check that nothing listens on
+our addresses yet (`locomesh.node.host.addresses_in_use`); delete the
+temporaries that writes cut short by a crash left (`locomesh.protocol.files`);
+load (or create, once) the identity; build the node with its services;
+listen; start the RPC server on 127.0.0.1; write a fresh cookie and
+``rpc.json``. From that moment clients can find and drive the daemon (see
+`locomesh.node.datadir`).
 
 Shut-down starts on SIGINT, SIGTERM or the ``node.shutdown`` RPC: the RPC
 server stops taking connections and answers what it was serving, the
@@ -20,6 +23,7 @@ import logging
 import os
 import signal
 import sys
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -27,18 +31,20 @@ import trio
 from multiaddr import Multiaddr
 
 from locomesh.protocol import Identity
+from locomesh.protocol.files import remove_stray_temporaries
 
 from .checkpoint_service import CheckpointService
 from .config import NodeConfig
 from .crdt_service import CrdtService
 from .datadir import DataDir, RpcInfo
+from .host import addresses_in_use
 from .nat.services import nat_services
 from .ping import PingService
 from .rpc import RpcDispatcher
 from .round_service import RoundService
 from .rpc_server import RpcServer
 from .run_registry_service import RunRegistryService
-from .runtime import Node
+from .runtime import AddressInUse, Node
 from .service import Service
 from .streams import sole_exception
 
@@ -68,12 +74,17 @@ def run_daemon(config: NodeConfig, *, services: ServiceFactory = default_service
     """Run a daemon in the foreground until it is told to stop; return the exit status.
 
     Raises `DataDirError` or `IdentityError` before anything starts if the data
-    dir is taken or its key unusable, and `ListenError` if an address cannot
-    be listened on.
+    dir is taken or its key unusable, `AddressInUse` (a `ListenError`) if
+    something listens on one of our addresses already, and `ListenError` if an
+    address cannot be listened on for another reason.
     """
     datadir = DataDir(config.data_dir)
     datadir.lock()
     try:
+        busy = addresses_in_use([Multiaddr(address) for address in config.listen])
+        if busy:
+            raise AddressInUse(f"address in use: {', '.join(str(address) for address in busy)}")
+        _remove_stray_temporaries(datadir)
         identity = Identity.load_or_create(datadir.identity_path)
         try:
             trio.run(_serve, config, datadir, identity, services)
@@ -84,6 +95,13 @@ def run_daemon(config: NodeConfig, *, services: ServiceFactory = default_service
     finally:
         datadir.remove_rpc_files()
         datadir.unlock()
+
+
+def _remove_stray_temporaries(datadir: DataDir) -> None:
+    """Delete what writes cut short by a crash left (we hold the lock: nobody else writes here)."""
+    removed = remove_stray_temporaries(datadir.path, older_than=time.time())
+    if removed:
+        logger.info("removed %d temporary files left by an earlier daemon that stopped mid-write", removed)
 
 
 async def _serve(config: NodeConfig, datadir: DataDir, identity: Identity, services: ServiceFactory) -> None:

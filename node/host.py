@@ -12,7 +12,14 @@ What every locomesh host is, whatever carries its bytes:
   passed in counts every byte on the wire.
 
 The transports are injectable: the daemon uses TCP (the default), the
-simulator passes its in-memory transport. Listening happens later, in
+simulator passes its in-memory transport.
+
+py-libp2p's TCP listener sets SO_REUSEPORT (hole punching dials from the
+listen port), so on Linux a second process that does the same can listen on
+a port that is taken and the kernel splits the connections between the two.
+`addresses_in_use` checks, before listening, with a socket of our own that
+has no SO_REUSEPORT: it cannot bind where anyone listens. (Two daemons that
+start within the same instant can still both pass it.) Listening happens later, in
 ``async with host.run(listen_addrs=...)``; leaving that block does not close
 the listening sockets, so callers also ``await host.close()`` (see
 `locomesh.node.runtime.Node.run`, which does both).
@@ -20,6 +27,8 @@ the listening sockets, so callers also ``await host.close()`` (see
 
 from __future__ import annotations
 
+import errno
+import socket
 from collections.abc import Sequence
 
 from libp2p import new_host
@@ -75,3 +84,32 @@ def build_host(
             outbound_upgrade_timeout=UPGRADE_TIMEOUT,
         ),
     )
+
+
+def addresses_in_use(listen_addrs: Sequence[Multiaddr]) -> list[Multiaddr]:
+    """The TCP addresses among `listen_addrs` that something already listens on (port 0 and
+    non-IP addresses are never in use; an address that cannot be bound for another reason is left
+    for the listener to report)."""
+    return [address for address in listen_addrs if _in_use(address)]
+
+
+def _in_use(address: Multiaddr) -> bool:
+    endpoint = _tcp_endpoint(address)
+    if endpoint is None or endpoint[2] == 0:
+        return False
+    family, host, port = endpoint
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a port left in TIME_WAIT is free
+        try:
+            probe.bind((host, port))
+        except OSError as error:
+            return error.errno == errno.EADDRINUSE
+    return False
+
+
+def _tcp_endpoint(address: Multiaddr) -> tuple[socket.AddressFamily, str, int] | None:
+    names = [protocol.name for protocol in address.protocols()]
+    if len(names) < 2 or names[1] != "tcp" or names[0] not in ("ip4", "ip6"):
+        return None
+    family = socket.AF_INET if names[0] == "ip4" else socket.AF_INET6
+    return family, address.value_for_protocol(names[0]), int(address.value_for_protocol("tcp"))

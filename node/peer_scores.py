@@ -2,9 +2,11 @@
 
 A verified chunk earns a peer `REWARD`; a chunk or manifest that fails its
 hash costs it `STRIKE_PENALTY` and a strike. Downloads use it to rank
-providers; `checkpoint.peers` (RPC) and the metrics
-``locomesh_peer_strikes_total`` / ``locomesh_peer_score`` show it. Kept in
-memory for the life of the node.
+providers; `checkpoint.peers` (RPC, behind the cookie) shows it per peer. The
+metrics (``locomesh_peer_strikes_total``, ``locomesh_peers_struck``) count
+without naming anyone: /metrics needs no cookie, and a list of the peers we
+talk to is not for whoever can reach it. Kept in memory for the life of the
+node.
 """
 
 from __future__ import annotations
@@ -29,12 +31,11 @@ class PeerScore:
 class PeerScores:
     def __init__(self, metrics: Metrics | None = None) -> None:
         self._peers: dict[str, PeerScore] = {}
-        self._strikes = self._scores = None
         if metrics is not None:
-            self._strikes = metrics.counter(
-                "locomesh_peer_strikes_total", "Bad data (failed hash checks) received, by peer.", labels=("peer",)
-            )
-            self._scores = metrics.gauge("locomesh_peer_score", "Reputation of peers that served us.", labels=("peer",))
+            metrics.counter("locomesh_peer_strikes_total", "Bad data (failed hash checks) received from peers.",
+                            value=lambda: sum(entry.strikes for entry in self._peers.values()))
+            metrics.gauge("locomesh_peers_struck", "Peers that sent us bad data at least once.",
+                          value=lambda: sum(1 for entry in self._peers.values() if entry.strikes))
 
     def get(self, peer_id: str) -> PeerScore:
         return self._peers.setdefault(peer_id, PeerScore())
@@ -43,20 +44,12 @@ class PeerScores:
         entry = self.get(peer_id)
         entry.served += 1
         entry.score += REWARD
-        self._show(peer_id, entry)
 
     def strike(self, peer_id: str, reason: str) -> None:
         entry = self.get(peer_id)
         entry.strikes += 1
         entry.score -= STRIKE_PENALTY
         entry.last_strike = reason[:200]
-        if self._strikes is not None:
-            self._strikes.inc(peer=peer_id)
-        self._show(peer_id, entry)
-
-    def _show(self, peer_id: str, entry: PeerScore) -> None:
-        if self._scores is not None:
-            self._scores.set(entry.score, peer=peer_id)
 
     def to_json(self) -> dict[str, dict[str, Any]]:
         return {peer: vars(entry).copy() for peer, entry in self._peers.items()}

@@ -27,13 +27,14 @@ from locomesh.dht import records
 from locomesh.dht.discovery import DiscoveryError
 from locomesh.protocol import ProtocolError
 from locomesh.protocol.runs import format_run_id, load_manifest, parse_run_id, short_run_id
+from locomesh.training.run_settings import ParticipantError, RoundSettings
 
 from .checkpoint_service import CheckpointService
 from .crdt_service import CrdtService
 from .rpc import RpcError
 from .round_machine import Timing, first_round_to_join
 from .run_participation import Compute, RunParticipation
-from .run_registry_service import RUN_NOT_FOUND, RunRegistryService
+from .run_registry_service import BAD_RUN, RUN_NOT_FOUND, RunRegistryService
 from .runtime import DialError, Node
 
 logger = logging.getLogger(__name__)
@@ -41,9 +42,7 @@ logger = logging.getLogger(__name__)
 ParticipantFactory = Callable[[dict, bytes, "str | None"], Any]
 
 NOT_JOINED = -32005
-BAD_RUN = -32006
 CONNECT_TIMEOUT = 10.0
-DEFAULT_ROUND_DEADLINE = 600.0
 
 
 class RoundService:
@@ -94,17 +93,19 @@ class RoundService:
 
     async def join(self, manifest: bytes) -> int:
         """Take part in the run of this signed manifest (idempotent); the round this node trains first."""
-        from locomesh.training.participant import Participant, ParticipantError  # torch: on first join only
+        from locomesh.training.participant import Participant  # torch: on first join only
 
         factory = self.participant_factory or Participant.for_run
 
         assert self._node is not None and self._nursery is not None
+        body = load_manifest(manifest)[1].body
+        timing = _timing(body["hparams"])  # before anything is stored or announced
         replica = await self.crdt.open_run(manifest)
         if replica.run_id in self.participations:
             return self.participations[replica.run_id][0].machine.state_round + 1
         try:
             participant = await self.offload(  # a thread in the daemon; inline (deterministic) in netsim
-                factory, load_manifest(manifest)[1].body, self._node.identity.public_key, self.attack
+                factory, body, self._node.identity.public_key, self.attack
             )
         except ParticipantError as error:
             raise RpcError(BAD_RUN, f"cannot train this run here: {error}") from None
@@ -113,7 +114,7 @@ class RoundService:
         first = self._write_join(replica)
         participation = RunParticipation(
             self._node, self.crdt, replica, participant, self.checkpoints.directory, self.checkpoints.scores,
-            timing=_timing(replica.genesis.hparams), compute=self.compute, offload=self.offload,
+            timing=timing, compute=self.compute, offload=self.offload,
         )
         scope = trio.CancelScope()
         self.participations[replica.run_id] = (participation, scope)
@@ -249,14 +250,13 @@ class RoundService:
 
 
 def _timing(hparams: dict[str, Any]) -> Timing:
-    """The round machine's deadlines and quorum floor from the run's hyperparameters."""
-    deadline = hparams.get("round_deadline_s", DEFAULT_ROUND_DEADLINE)
-    min_peers = hparams.get("min_peers", 1)
-    if not isinstance(deadline, (int, float)) or not 1 <= deadline <= 86400:
-        raise RpcError(BAD_RUN, "round_deadline_s must be a number of seconds in [1, 86400]")
-    if not isinstance(min_peers, int) or not 1 <= min_peers <= 10_000:
-        raise RpcError(BAD_RUN, "min_peers must be an integer in [1, 10000]")
-    return Timing(round_deadline=float(deadline), min_peers=min_peers)
+    """The round machine's deadlines and quorum floor from the run's hyperparameters, checked as
+    every setting is (`RoundSettings.from_hparams`); `RpcError` BAD_RUN naming a bad one."""
+    try:
+        settings = RoundSettings.from_hparams(hparams)
+    except ParticipantError as error:
+        raise RpcError(BAD_RUN, f"cannot train this run here: {error}") from None
+    return Timing(round_deadline=settings.round_deadline_s, min_peers=settings.min_peers)
 
 
 def _parse(run_id: Any) -> bytes:

@@ -6,7 +6,10 @@ Services add methods to the node's `RpcRegistry`::
     node.rpc.register("run.status", status)
 
 A method is an async function taking keyword (or positional) parameters and
-returning something `json.dumps` can write. Parameters from the request are
+returning something `json.dumps` can write; a float that is NaN or infinite
+goes out as ``null`` (JSON has no such numbers). A result JSON cannot hold
+at all is the method's bug: ``internal error`` (-32603) naming the method,
+logged once per method. Parameters from the request are
 bound to the function's signature *before* it is called: a missing, extra or
 misnamed parameter is an ``invalid params`` error (-32602) and the function
 never runs. A method checks the values' types itself and raises
@@ -26,6 +29,7 @@ from __future__ import annotations
 import inspect
 import json
 import logging
+import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -40,6 +44,7 @@ INTERNAL_ERROR = -32603
 
 MAX_BATCH = 64
 _MAX_NAME = 128
+_MAX_DEPTH = 64
 
 Method = Callable[..., Awaitable[Any]]
 
@@ -114,6 +119,7 @@ class RpcDispatcher:
     def __init__(self, registry: RpcRegistry, on_call: Callable[[str], None] | None = None) -> None:
         self.registry = registry
         self._on_call = on_call
+        self._unencodable: set[str] = set()  # methods whose unencodable result was logged
 
     async def handle(self, body: bytes) -> bytes | None:
         try:
@@ -143,8 +149,7 @@ class RpcDispatcher:
         try:
             if method in self.registry and self._on_call is not None:
                 self._on_call(method)
-            result = await self.registry.call(method, params)
-            _dump(result)  # a result JSON cannot hold is the method's bug, reported as one
+            result = self._encodable(method, await self.registry.call(method, params))
         except RpcError as error:
             response = _error_response(request_id, error)
         except Exception:  # noqa: BLE001 - a bug in a method must not kill the server
@@ -153,6 +158,19 @@ class RpcDispatcher:
         else:
             response = {"jsonrpc": "2.0", "id": request_id, "result": result}
         return None if request_id is _NOTIFICATION else response
+
+    def _encodable(self, method: str, result: Any) -> Any:
+        """`result` as JSON can hold it: NaN and infinities become null (a loss that diverged is a
+        value, not a bug). Anything else JSON cannot hold is the method's bug: an `RpcError`
+        INTERNAL_ERROR that names the method, logged once per method."""
+        try:
+            return _finite(result)
+        except (TypeError, ValueError, RecursionError) as error:
+            if method not in self._unencodable:
+                self._unencodable.add(method)
+                logger.error("RPC method %s returned a result JSON cannot hold: %s", method, error)
+            message = f"internal error: the result of {method} cannot be written as JSON"
+            raise RpcError(INTERNAL_ERROR, message) from None
 
 
 _NOTIFICATION = object()
@@ -197,3 +215,28 @@ def _error_response(request_id: Any, error: RpcError) -> dict[str, Any]:
 
 def _dump(response: Any) -> bytes:
     return json.dumps(response, separators=(",", ":"), allow_nan=False).encode("utf-8")
+
+
+def _finite(value: Any) -> Any:
+    """`value` with every non-finite float replaced by None; `TypeError` / `ValueError` if JSON
+    cannot hold it even so. The common case, a result with no such float, costs one encoding."""
+    try:
+        _dump(value)
+        return value
+    except ValueError:  # NaN or an infinity somewhere (or a circular reference: raised again below)
+        pass
+    cleaned = _without_non_finite(value)
+    _dump(cleaned)
+    return cleaned
+
+
+def _without_non_finite(value: Any, depth: int = 0) -> Any:
+    if depth > _MAX_DEPTH:
+        raise ValueError(f"a result nested over {_MAX_DEPTH} levels")
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _without_non_finite(item, depth + 1) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_without_non_finite(item, depth + 1) for item in value]
+    return value

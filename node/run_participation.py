@@ -38,6 +38,7 @@ from locomesh.crdt import Replica
 from locomesh.protocol import peer_id_from_public_key
 from locomesh.protocol.runs import short_run_id
 from locomesh.training.checkpoint_manifest import Manifest, manifest_path, read_manifest
+from locomesh.training.run_settings import TrainingDiverged
 
 from . import round_machine as rm
 from .checkpoint_download import DownloadError, DownloadProgress, Offload, checkpoint_store, download_checkpoint
@@ -99,6 +100,9 @@ class RunParticipation:
         self.replica.listeners.append(self._on_news)
         try:
             await self._loop()
+        except* TrainingDiverged as diverged:  # a run gone non-finite: this peer has nothing to send, ever
+            self.failure = str(diverged.exceptions[0])
+            logger.error("run %s: training stopped: %s", short_run_id(self.run_id), self.failure)
         finally:
             self.replica.listeners.remove(self._on_news)
 

@@ -5,7 +5,8 @@ A node service (see `locomesh.node.service`) that owns the node's `Discovery`
 ``runs/``). RPC methods:
 
     run.create(task, settings={}, public=False, name="", seed=None) -> run summary + {"published"}
-        (settings named in DEFAULT_HPARAMS set hyperparameters; the others configure the task)
+        (settings named in training.run_settings.RULES set hyperparameters; the others configure
+        the task; both are checked as a joiner checks them, error BAD_RUN naming the setting)
     run.list() -> [run summary]
     run.info(run_id, refresh=False) -> run summary + {"manifest": body, "source": "local" | "dht"}
         (refresh: ask the DHT even for a run this node holds; only another peer's copy counts)
@@ -28,30 +29,18 @@ from locomesh.dht.discovery import Discovery, DiscoveryError
 from locomesh.protocol import ProtocolError
 from locomesh.protocol.runs import format_run_id, parse_run_id, short_run_id, sign_manifest
 
+from locomesh.training.run_settings import RULES, RunSettingsError, check_run_settings, default_hparams
+
 from .rpc import RpcError
 from .run_store import KnownRun, RunStore
 from .runtime import Node
 
 logger = logging.getLogger(__name__)
 
-# The defaults a new run starts from (DESIGN.md, "Runs"; the values of `training.diloco.DiLoCoConfig`).
-DEFAULT_HPARAMS: dict[str, Any] = {
-    "inner_steps": 50,
-    "inner_optimizer": "adamw",
-    "inner_lr": 3e-3,
-    "batch_size": 16,
-    "outer_lr": 0.7,
-    "outer_momentum": 0.9,
-    "nesterov": True,
-    "codec": "int8",
-    "aggregator": "centered_clip",
-    "byzantine_fraction": 0.2,
-    "round_deadline_s": 600,
-    "min_peers": 1,  # a round starts once this many peers are eligible for it
-    "eval_every": 1,  # rounds between evaluations of the shared state (0: never)
-    "delayed_updates": False,  # one-round-delayed outer updates: round r+1 trains while round r is exchanged
-}
+# The settings a new run starts from (DESIGN.md, "Runs"), as `training.run_settings` defines and checks them.
+DEFAULT_HPARAMS: dict[str, Any] = default_hparams()
 RUN_NOT_FOUND = -32004
+BAD_RUN = -32006  # a run whose settings or task `check_run_settings` refuses (run.create, run.join)
 
 
 class RunRegistryService:
@@ -108,6 +97,10 @@ class RunRegistryService:
         if seed is None:
             seed = self._node.rng.randrange(2**63)
         hparams, task_config = split_settings(_settings(settings))
+        try:  # the check every joiner makes: a run nobody could train is never signed
+            await trio.to_thread.run_sync(check_run_settings, task, task_config, hparams)
+        except RunSettingsError as error:
+            raise RpcError(BAD_RUN, f"bad run settings: {error}") from None
         try:
             manifest = sign_manifest(
                 self._node.identity,
@@ -168,9 +161,9 @@ def summary(run: KnownRun) -> dict[str, Any]:
 
 
 def split_settings(settings: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(hyperparameters, task config): keys of DEFAULT_HPARAMS override the defaults, the rest configure the task."""
-    hparams = {**DEFAULT_HPARAMS, **{key: value for key, value in settings.items() if key in DEFAULT_HPARAMS}}
-    return hparams, {key: value for key, value in settings.items() if key not in DEFAULT_HPARAMS}
+    """(hyperparameters, task config): run settings (`RULES`) override the defaults, the rest configure the task."""
+    hparams = {**DEFAULT_HPARAMS, **{key: value for key, value in settings.items() if key in RULES}}
+    return hparams, {key: value for key, value in settings.items() if key not in RULES}
 
 
 def _settings(settings: Any) -> dict[str, Any]:

@@ -56,6 +56,10 @@ class ListenError(Exception):
     """The node could not listen on one of its addresses (in use, not local, ...)."""
 
 
+class AddressInUse(ListenError):
+    """Something else listens on an address we were told to listen on."""
+
+
 class Node:
     """A running locomesh peer. See the module docstring for its life cycle."""
 

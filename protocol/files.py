@@ -1,10 +1,18 @@
-"""Atomic file writes: a reader sees the old file or the new one, never half of either."""
+"""Atomic file writes: a reader sees the old file or the new one, never half of either.
+
+A write goes to a temporary file beside its target (``.<name>.<random>.tmp``) that is renamed over
+it. A process killed in between leaves that temporary behind; `remove_stray_temporaries` clears
+them from a directory tree nobody is writing to (the daemon's data dir, once it holds the lock).
+"""
 
 from __future__ import annotations
 
 import os
 import tempfile
 from pathlib import Path
+
+TEMP_PREFIX = "."
+TEMP_SUFFIX = ".tmp"
 
 
 def atomic_write(path: str | os.PathLike, data: bytes, *, mode: int = 0o644) -> None:
@@ -15,7 +23,7 @@ def atomic_write(path: str | os.PathLike, data: bytes, *, mode: int = 0o644) -> 
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f"{TEMP_PREFIX}{path.name}.", suffix=TEMP_SUFFIX)
     try:
         os.fchmod(fd, mode)
         with os.fdopen(fd, "wb") as file:
@@ -38,3 +46,24 @@ def _fsync_dir(directory: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def remove_stray_temporaries(root: str | os.PathLike, older_than: float) -> int:
+    """Delete the temporaries `atomic_write` left under `root` (at any depth, symlinks not
+    followed) whose last change is before `older_than` (a Unix time); how many were deleted."""
+    removed = 0
+    for directory, _, names in os.walk(root):
+        for name in names:
+            if name.startswith(TEMP_PREFIX) and name.endswith(TEMP_SUFFIX):
+                removed += _remove_if_older(Path(directory) / name, older_than)
+    return removed
+
+
+def _remove_if_older(path: Path, older_than: float) -> int:
+    try:
+        if path.lstat().st_mtime >= older_than:
+            return 0
+        path.unlink()
+        return 1
+    except FileNotFoundError:
+        return 0

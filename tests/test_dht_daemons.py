@@ -35,7 +35,8 @@ def swarm(tmp_path_factory):
 
 
 def test_a_public_run_created_on_one_node_is_found_from_another(swarm):
-    created = locomesh(swarm[1], "run", "create", "--task", "toy", "--set", "vocab=256", "--set", "lr=0.01", "--public")
+    created = locomesh(swarm[1], "run", "create", "--task", "synthetic-lm", "--name", "toy", "--set", "alphabet=32",
+                       "--set", "inner_lr=0.01", "--public")
     assert created.returncode == 0, created.stderr
     run_id = created.stdout.strip()
 
@@ -44,7 +45,7 @@ def test_a_public_run_created_on_one_node_is_found_from_another(swarm):
     run = json.loads(info.stdout)
     assert run["run_id"] == run_id and run["source"] == "dht" and run["origin"] == "seen"
     assert run["creator"] == swarm[1].rpc().call("node.status")["peer_id"]
-    assert run["manifest"]["task_config"] == {"vocab": 256, "lr": 0.01}
+    assert run["manifest"]["task_config"] == {"alphabet": 32} and run["manifest"]["hparams"]["inner_lr"] == 0.01
     assert run["manifest"]["hparams"]["outer_lr"] == 0.7 and run["manifest"]["admission"] == "open"
 
     listed = json.loads(locomesh(swarm[2], "run", "list", "--json").stdout)
@@ -59,7 +60,7 @@ def test_a_public_run_created_on_one_node_is_found_from_another(swarm):
 
 
 def test_a_private_run_stays_on_its_node(swarm):
-    created = locomesh(swarm[1], "run", "create", "--task", "secret")
+    created = locomesh(swarm[1], "run", "create", "--task", "synthetic-lm", "--name", "secret")
     run_id = created.stdout.strip()
     assert locomesh(swarm[1], "run", "info", run_id).returncode == 0
     missing = locomesh(swarm[2], "run", "info", run_id)
@@ -78,7 +79,7 @@ def test_bad_arguments_are_clear_errors(swarm):
 def test_created_runs_survive_a_restart(swarm):
     """Runs last in the module: it restarts node 1, which earlier tests gave a public and a private run."""
     before = json.loads(locomesh(swarm[1], "run", "list", "--json").stdout)
-    assert sorted(entry["task"] for entry in before if entry["origin"] == "created") == ["secret", "toy"]
+    assert sorted(entry["name"] for entry in before if entry["origin"] == "created") == ["secret", "toy"]
     bootstrap = swarm[0].rpc().call("node.status")["listen_addrs"][:1]
     assert swarm[1].stop() == 0
     swarm[1] = DaemonProcess(swarm[1].data_dir, bootstrap=bootstrap).start()

@@ -159,14 +159,15 @@ def test_garbage_on_the_rpc_port_leaves_the_daemon_up(swarm):
     client = swarm[0].rpc()
     port, rng = client.port, random.Random(11)
     auth = f"Authorization: Bearer {client.cookie}\r\n".encode()
+    host = f"Host: 127.0.0.1:{port}\r\n".encode()
     answers = {
         "random": raw_http(port, bytes(rng.getrandbits(8) for _ in range(4096))),
-        "header": raw_http(port, b"GET / HTTP/1.1\r\nHost: x\r\nX: " + b"a" * 40_000 + b"\r\n\r\n"),
-        "body": raw_http(port, b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999\r\n\r\n"),
-        "half": raw_http(port, b"POST / HTTP/1.1\r\nHost: x\r\nContent-Le"),
-        "json": raw_http(port, b"POST / HTTP/1.1\r\nHost: x\r\n" + auth + b"Content-Length: 5\r\n\r\n{nope"),
-        "notjsonrpc": raw_http(port, b"POST / HTTP/1.1\r\nHost: x\r\n" + auth + b"Content-Length: 2\r\n\r\n[]"),
-        "path": raw_http(port, b"GET /secret HTTP/1.1\r\nHost: x\r\n\r\n"),
+        "header": raw_http(port, b"GET / HTTP/1.1\r\n" + host + b"X: " + b"a" * 40_000 + b"\r\n\r\n"),
+        "body": raw_http(port, b"POST / HTTP/1.1\r\n" + host + b"Content-Length: 99999999\r\n\r\n"),
+        "half": raw_http(port, b"POST / HTTP/1.1\r\n" + host + b"Content-Le"),
+        "json": raw_http(port, b"POST / HTTP/1.1\r\n" + host + auth + b"Content-Length: 5\r\n\r\n{nope"),
+        "notjsonrpc": raw_http(port, b"POST / HTTP/1.1\r\n" + host + auth + b"Content-Length: 2\r\n\r\n[]"),
+        "path": raw_http(port, b"GET /secret HTTP/1.1\r\n" + host + b"\r\n"),
     }
     assert answers["random"].startswith(b"HTTP/1.1 400 ")
     assert answers["header"].startswith(b"HTTP/1.1 431 ")
@@ -177,7 +178,7 @@ def test_garbage_on_the_rpc_port_leaves_the_daemon_up(swarm):
     assert b'"code":-32600' in answers["notjsonrpc"]
     # A client that sends half a request and then waits does not block others.
     with socket.create_connection(("127.0.0.1", port), timeout=10) as stalled:
-        stalled.sendall(b"POST / HTTP/1.1\r\nHost: x\r\n")
+        stalled.sendall(b"POST / HTTP/1.1\r\n" + host)
         assert status_of(swarm[0])["peers_connected"] == 2
     # Keep-alive: two requests on one connection.
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
@@ -238,11 +239,11 @@ def test_an_address_it_cannot_listen_on_exits_1_with_one_line(tmp_path):
     assert not (tmp_path / "rpc.cookie").exists()
 
 
-def test_an_rpc_port_in_use_exits_1_with_one_line(swarm, tmp_path):
+def test_an_rpc_port_in_use_exits_2_with_one_line(swarm, tmp_path):
     port = swarm[0].rpc().port
     result = locomesh("node", "start", "--data-dir", str(tmp_path), "--listen", LOOPBACK, "--rpc-port", str(port))
-    assert result.returncode == 1
-    assert f"locomesh: cannot listen for RPC on 127.0.0.1:{port}" in result.stderr and "Traceback" not in result.stderr
+    assert result.returncode == 2
+    assert f"locomesh: address in use: 127.0.0.1:{port}" in result.stderr and "Traceback" not in result.stderr
 
 
 def test_sigterm_exits_0_and_the_peer_id_survives_a_restart(tmp_path):

@@ -187,6 +187,7 @@ async def test_the_rpc_server_over_real_sockets(nursery):
     )
     port = await nursery.start(server.run)
     auth = b"Authorization: Bearer " + b"c" * 64 + b"\r\n"
+    host = b"Host: 127.0.0.1:%d\r\n" % port
 
     async def exchange(request: bytes) -> bytes:
         stream = await trio.open_tcp_stream("127.0.0.1", port)
@@ -196,18 +197,18 @@ async def test_the_rpc_server_over_real_sockets(nursery):
                 return await stream.receive_some(65536)
 
     notification = b'{"jsonrpc":"2.0","method":"test.add","params":[1]}'
-    head = b"POST / HTTP/1.1\r\nHost: x\r\n" + auth + b"Content-Length: %d\r\n\r\n" % len(notification)
+    head = b"POST / HTTP/1.1\r\n" + host + auth + b"Content-Length: %d\r\n\r\n" % len(notification)
     answer = await exchange(head + notification)
     assert answer.startswith(b"HTTP/1.1 204 No Content\r\n")
-    assert (await exchange(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")).startswith(b"HTTP/1.1 405 ")
-    assert (await exchange(b"POST /metrics HTTP/1.1\r\nHost: x\r\n\r\n")).startswith(b"HTTP/1.1 405 ")
-    assert (await exchange(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")).endswith(b"\r\n\r\nm 1\n")
+    assert (await exchange(b"GET / HTTP/1.1\r\n" + host + b"\r\n")).startswith(b"HTTP/1.1 405 ")
+    assert (await exchange(b"POST /metrics HTTP/1.1\r\n" + host + b"\r\n")).startswith(b"HTTP/1.1 405 ")
+    assert (await exchange(b"GET /metrics HTTP/1.1\r\n" + host + b"\r\n")).endswith(b"\r\n\r\nm 1\n")
 
     stalled = [await trio.open_tcp_stream("127.0.0.1", port) for _ in range(2)]
     for stream in stalled:
         await stream.send_all(b"POST / HTTP/1.1\r\n")
     await trio.sleep(0.1)
-    assert (await exchange(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")).startswith(b"HTTP/1.1 503 ")
+    assert (await exchange(b"GET /metrics HTTP/1.1\r\n" + host + b"\r\n")).startswith(b"HTTP/1.1 503 ")
     assert rejected == ["busy"]
     for stream in stalled:
         await stream.aclose()

@@ -95,7 +95,8 @@ class Worker:
         stop: Callable[[], bool] | None = None,
     ) -> InnerResult:
         """Train from `theta` for `steps` inner steps, or until `seconds` have passed, or until
-        `stop()` says yes (each at least one step), whichever comes first; return Δ = theta − θ_i."""
+        `stop()` says yes (each at least one step), whichever comes first, or at the first non-finite
+        loss; return Δ = theta − θ_i."""
         if steps is None and seconds is None:
             raise ValueError("give an inner step count, a time budget, or both")
         unflatten_into(self.model, theta)
@@ -111,6 +112,8 @@ class Worker:
             optimizer_step(self.model, self.optimizer, self.config, self.steps_done)
             self.steps_done += 1
             losses.append(loss.item())
+            if not math.isfinite(losses[-1]):
+                break  # diverged: more steps cannot bring it back, and the caller refuses the result
             if steps is not None and len(losses) >= steps:
                 break
             if seconds is not None and time.monotonic() - started >= seconds:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import math
 import os
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
@@ -39,60 +40,11 @@ from .checkpoint import FAST_LEVEL, Manifest, checkpoint_manifest, load_checkpoi
 from .codec import Encoder, decode, non_finite_payload
 from .flat import flatten, unflatten_into
 from .inner import InnerConfig, Worker
-from .outer import OuterConfig, OuterResult, OuterStep
-from .tasks import Task, get_task
+from .outer import OuterResult, OuterStep
+from .run_settings import ParticipantError, RoundSettings, TrainingDiverged, check_run_settings
+from .tasks import Task
 
 STATE_TENSORS = ("theta", "momentum", "previous")
-
-
-class ParticipantError(ValueError):
-    """A run's settings or a shared state this peer cannot use."""
-
-
-@dataclass(frozen=True)
-class RoundSettings:
-    """The training hyperparameters of a run, read from its genesis manifest (`hparams`)."""
-
-    inner_steps: int = 50
-    inner_lr: float = 3e-3
-    batch_size: int = 16
-    outer_lr: float = 0.7
-    outer_momentum: float = 0.9
-    nesterov: bool = True
-    codec: str = "int8"
-    aggregator: str = "centered_clip"
-    max_update_norm: float | None = None
-    eval_every: int = 1  # evaluate the shared state every this many rounds (0: never)
-    delayed_updates: bool = False  # train round r+1 while round r is exchanged (see the module docstring)
-
-    @classmethod
-    def from_hparams(cls, hparams: Mapping[str, Any]) -> RoundSettings:
-        """The settings named in `hparams` (unknown keys are other layers' business); `ParticipantError` if bad."""
-        fields = {key: hparams[key] for key in cls.__dataclass_fields__ if key in hparams}
-        try:
-            settings = cls(**fields)
-            settings.outer_config()
-        except (TypeError, ValueError) as error:
-            raise ParticipantError(f"bad run hyperparameters: {error}") from None
-        if not (isinstance(settings.inner_steps, int) and 1 <= settings.inner_steps <= 100_000):
-            raise ParticipantError("inner_steps must be an integer in [1, 100000]")
-        if not (isinstance(settings.batch_size, int) and 1 <= settings.batch_size <= 4096):
-            raise ParticipantError("batch_size must be an integer in [1, 4096]")
-        if not (isinstance(settings.eval_every, int) and settings.eval_every >= 0):
-            raise ParticipantError("eval_every must be an integer >= 0")
-        if not isinstance(settings.delayed_updates, bool):
-            raise ParticipantError("delayed_updates must be true or false")
-        return settings
-
-    def outer_config(self) -> OuterConfig:
-        return OuterConfig(
-            lr=self.outer_lr,
-            momentum=self.outer_momentum,
-            nesterov=self.nesterov,
-            aggregator=self.aggregator,
-            max_update_norm=self.max_update_norm,
-            codec=self.codec,
-        )
 
 
 @dataclass(frozen=True)
@@ -163,12 +115,9 @@ class Participant:
 
     @classmethod
     def for_run(cls, genesis_body: Mapping[str, Any], key: bytes, attack: str | None = None) -> Participant:
-        """A participant for the run whose manifest body is `genesis_body`, at round 0."""
-        try:
-            task = get_task(genesis_body["task"], genesis_body["task_config"])
-        except ValueError as error:
-            raise ParticipantError(str(error)) from None
-        settings = RoundSettings.from_hparams(genesis_body["hparams"])
+        """A participant for the run whose manifest body is `genesis_body`, at round 0; `RunSettingsError`
+        (a `ParticipantError`) if its settings or task do not pass `check_run_settings`."""
+        settings, task = check_run_settings(genesis_body["task"], genesis_body["task_config"], genesis_body["hparams"])
         seed = genesis_body["seed"]
         return cls(task, settings, model_seed=seed, run_seed=seed, key=key, attack=attack)
 
@@ -180,14 +129,26 @@ class Participant:
         early (the result is then one the caller discards).
 
         Reads θ only when no `start` is given, so with a `start` it may run while `aggregate`
-        computes the next θ."""
+        computes the next θ. Raises `TrainingDiverged` if the loss or Δ is not finite (nothing
+        to send: a non-finite payload is refused by every peer)."""
         result = self.worker.run_round(self.outer.theta if start is None else start,
                                        self.settings.inner_steps, stop=stop)
+        self._check_finite(result.mean_loss, result.steps, result.delta)
         if self.attack is None:
             payload = self.encoder.encode(result.delta)
         else:
             payload = self._attack_payload(result.delta)
         return Contribution(payload, result.steps, result.mean_loss, result.seconds, result.delta)
+
+    def _check_finite(self, loss: float, steps: int, delta: np.ndarray) -> None:
+        finite_delta = bool(np.isfinite(delta).all())
+        if math.isfinite(loss) and finite_delta:
+            return
+        what = f"the inner loss is {loss:g} after {steps} steps"
+        if not finite_delta:
+            what += ", the pseudo-gradient not finite"
+        raise TrainingDiverged(f"training diverged: {what} "
+                               f"(outer_lr {self.settings.outer_lr:g}, inner_lr {self.settings.inner_lr:g})")
 
     def delayed_start(self, trained: Contribution) -> np.ndarray:
         """Where the next round's inner steps start while `trained`'s round is still exchanged: the

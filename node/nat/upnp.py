@@ -10,12 +10,12 @@ Sans-IO part, one function per message:
 * `encode_soap` / `decode_soap`: an action call and its output arguments,
   or its ``UPnPError`` fault as `MappingError` ``gateway-refused``.
 
-XML from the LAN is untrusted and there is no defusedxml here, so
-`parse_xml` caps its size and refuses any document with a DTD (``<!DOCTYPE``
-or ``<!ENTITY``): without a DTD there are no entity definitions, so the
-"billion laughs" and external-entity attacks have nothing to expand;
-`xml.etree` then parses what is left. Namespaces are matched by local name,
-as gateways are loose about them.
+XML from the LAN is untrusted: `parse_xml` caps its size, takes UTF-8 only
+(no BOM but UTF-8's, no NUL byte, no other declared encoding: a UTF-16
+document once slipped a DTD past a byte-level filter), and parses with
+defusedxml, refusing any DTD: without one there are no entity definitions,
+so the "billion laughs" and external-entity attacks have nothing to expand.
+Namespaces are matched by local name, as gateways are loose about them.
 
 Anti-redirection rule: the description and control URLs must be on the
 host that answered the SSDP search, so a device on the LAN cannot make us
@@ -29,6 +29,7 @@ one SOAP call each, every step under a timeout.
 
 from __future__ import annotations
 
+import codecs
 import re
 import xml.etree.ElementTree as ElementTree
 from dataclasses import dataclass
@@ -36,6 +37,8 @@ from urllib.parse import urljoin
 from xml.sax.saxutils import escape
 
 import trio
+from defusedxml import DefusedXmlException
+from defusedxml import ElementTree as defused
 
 from . import http_client
 from .http_client import Url
@@ -48,7 +51,7 @@ MAX_XML = 64 * 1024
 MAX_SSDP_REPLY = 2048
 SEARCH_WAIT = 2.0
 HTTP_TIMEOUT = 5.0
-_DTD = re.compile(rb"<!\s*(DOCTYPE|ENTITY)", re.IGNORECASE)
+_DECLARED_ENCODING = re.compile(rb"""<\?xml[^>]*?\sencoding\s*=\s*["']([^"']{0,40})["']""")
 _SOAP_ENV = "http://schemas.xmlsoap.org/soap/envelope/"
 
 
@@ -94,15 +97,29 @@ def _same_host(url: Url, host: str) -> Url:
 
 
 def parse_xml(data: bytes) -> ElementTree.Element:
-    """Parse untrusted XML: at most `MAX_XML` bytes, no DTD (see the module docstring)."""
+    """Parse untrusted XML: at most `MAX_XML` bytes, UTF-8, no DTD (see the module docstring)."""
     if len(data) > MAX_XML:
         raise MappingError("too-large", f"XML of {len(data)} bytes, over {MAX_XML}")
-    if _DTD.search(data):
-        raise MappingError("bad-reply", "XML with a DTD or entity declaration is refused")
+    _check_utf8(data)
     try:
-        return ElementTree.fromstring(data)
-    except ElementTree.ParseError as error:
+        return defused.fromstring(data, forbid_dtd=True, forbid_entities=True, forbid_external=True)
+    except DefusedXmlException:
+        raise MappingError("bad-reply", "XML with a DTD or entity declaration is refused") from None
+    except defused.ParseError as error:
         raise MappingError("bad-reply", f"malformed XML: {error}") from None
+
+
+def _check_utf8(data: bytes) -> None:
+    """`MappingError` unless `data` is UTF-8 throughout and says so, if it says anything."""
+    body = data.removeprefix(codecs.BOM_UTF8)
+    try:
+        body.decode("utf-8")
+        utf8 = b"\x00" not in body  # UTF-16 without a BOM is valid UTF-8, NULs and all; XML allows no NUL
+    except UnicodeDecodeError:
+        utf8 = False
+    declared = _DECLARED_ENCODING.match(body)
+    if not utf8 or (declared is not None and declared.group(1).lower() != b"utf-8"):
+        raise MappingError("bad-reply", "XML that is not UTF-8 is refused")
 
 
 def _local(tag: str) -> str:
