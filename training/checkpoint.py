@@ -25,12 +25,16 @@ Chunks are shared between checkpoints that have them in common.
 
 Memory: writing holds one chunk at a time besides the caller's tensors; loading
 holds one buffer the size of the state, and the returned tensors are views into
-it, plus one chunk at a time.
+it, plus one chunk at a time. A state from a peer is loaded with the caller's
+`ManifestLimits`: its manifest is checked against them first, then its header
+(read from the first chunks alone) against the layout they name, and only then
+is the buffer allocated, so a manifest's claimed size never allocates anything.
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import math
 import os
 from dataclasses import dataclass
@@ -45,13 +49,15 @@ from locomesh.protocol.files import atomic_write
 from locomesh.protocol.schema import Int, List, OneOf, Str, Struct
 
 from .checkpoint_manifest import (
-    chunk_path, manifest_path, DEFAULT_CHUNK_SIZE, HASH_SIZE, MAX_CHUNK_SIZE, MIN_CHUNK_SIZE, CheckpointError, ChunkRef, Manifest,
-    merkle_proof, merkle_root, read_manifest, split_metadata, verify_chunk, verify_merkle_proof,
+    chunk_path, manifest_path, DEFAULT_CHUNK_SIZE, HASH_SIZE, MAX_CHUNK_SIZE, MIN_CHUNK_SIZE, CheckpointError, ChunkRef,
+    LimitError, Manifest, ManifestLimits, TensorSpec, merkle_proof, merkle_root, read_manifest, split_metadata, verify_chunk,
+    verify_merkle_proof,
 )
 
 __all__ = [
-    "DEFAULT_CHUNK_SIZE", "CheckpointError", "ChunkRef", "Manifest", "checkpoint_manifest", "chunk_path", "decode_chunk",
-    "load_checkpoint", "manifest_path", "merkle_proof", "merkle_root", "missing_chunks", "read_manifest", "remove_checkpoints",
+    "DEFAULT_CHUNK_SIZE", "CheckpointError", "ChunkRef", "LimitError", "Manifest", "ManifestLimits", "TensorSpec",
+    "checkpoint_limits", "checkpoint_manifest", "chunk_path", "decode_chunk", "layout_raw_size", "load_checkpoint",
+    "manifest_path", "merkle_proof", "merkle_root", "missing_chunks", "read_manifest", "remove_checkpoints",
     "state_digest", "store_chunk", "verify_chunk", "verify_merkle_proof", "write_checkpoint",
 ]
 
@@ -179,7 +185,33 @@ def _state_pieces(tensors: Mapping[str, torch.Tensor | np.ndarray]) -> Iterator[
     """The serialized state of `tensors`, piece by piece (`_blob_pieces`); `CheckpointError` for one
     the format cannot hold."""
     arrays = {name: _as_bytes_array(name, value) for name, value in tensors.items()}
-    return _blob_pieces(_layout(arrays), arrays)
+    return _blob_pieces(_layout({name: (dtype, shape, data.nbytes) for name, (dtype, shape, data) in arrays.items()}), arrays)
+
+
+def layout_raw_size(tensors: Mapping[str, TensorSpec]) -> int:
+    """The exact size of the serialized state that holds every tensor of `tensors` (the ones that
+    are not `required` included) with those dtypes and shapes; `CheckpointError` for a layout the
+    format cannot hold."""
+    sizes = {}
+    for name, spec in tensors.items():
+        dtype = DTYPES.get(spec.dtype)
+        if dtype is None:
+            raise CheckpointError("bad-state", f"{name}: dtype {spec.dtype!r} is not one a checkpoint can hold")
+        shape = tuple(int(n) for n in spec.shape)
+        sizes[name] = (dtype, shape, math.prod(shape) * dtype.numpy.itemsize)
+    entries = _layout(sizes)
+    return len(_prefix(entries)) + (entries[-1].offset + entries[-1].length if entries else 0)
+
+
+def checkpoint_limits(
+    tensors: Mapping[str, TensorSpec], metadata: Mapping[str, Any], *, chunk_size: int = DEFAULT_CHUNK_SIZE
+) -> ManifestLimits:
+    """The limits of a checkpoint that holds exactly `tensors` (the ones not `required` may be
+    absent) and whose metadata holds `metadata`, written in chunks of `chunk_size`: its raw size is
+    at most that of the state with every tensor."""
+    return ManifestLimits(
+        max_raw_size=layout_raw_size(tensors), max_chunk_size=chunk_size, metadata=metadata, tensors=tensors,
+    )
 
 
 def _store_state(
@@ -228,22 +260,28 @@ def _as_bytes_array(name: str, value: torch.Tensor | np.ndarray) -> tuple[DType,
     return dtype, shape, array.reshape(-1).view(np.uint8)
 
 
-def _layout(arrays: dict[str, tuple[DType, tuple[int, ...], np.ndarray]]) -> list[_Entry]:
+def _layout(sizes: dict[str, tuple[DType, tuple[int, ...], int]]) -> list[_Entry]:
+    """Where each tensor (name -> dtype, shape, byte length) goes: sorted by name, each aligned."""
     entries, offset = [], 0
-    for name in sorted(arrays):
-        dtype, shape, data = arrays[name]
-        entries.append(_Entry(name, dtype, shape, offset, data.nbytes))
-        offset = _align(offset + data.nbytes)
+    for name in sorted(sizes):
+        dtype, shape, length = sizes[name]
+        entries.append(_Entry(name, dtype, shape, offset, length))
+        offset = _align(offset + length)
     return entries
 
 
-def _blob_pieces(entries: list[_Entry], arrays: dict[str, Any]) -> Iterator[memoryview | bytes]:
-    """The blob, piece by piece, without ever joining the tensors into one buffer."""
+def _prefix(entries: list[_Entry]) -> bytes:
+    """The blob up to its tensor bytes: magic, header length, header, zero padding."""
     header = pack({"tensors": [entry.header() for entry in entries]})
     if len(header) > MAX_HEADER_SIZE:
         raise CheckpointError("bad-state", f"a header of {len(header)} bytes is over {MAX_HEADER_SIZE}: too many tensors")
     prefix = MAGIC + len(header).to_bytes(4, "little") + header
-    yield prefix + bytes(_align(len(prefix)) - len(prefix))
+    return prefix + bytes(_align(len(prefix)) - len(prefix))
+
+
+def _blob_pieces(entries: list[_Entry], arrays: dict[str, Any]) -> Iterator[memoryview | bytes]:
+    """The blob, piece by piece, without ever joining the tensors into one buffer."""
+    yield _prefix(entries)
     position = 0
     for entry in entries:
         yield bytes(entry.offset - position)
@@ -372,28 +410,69 @@ def remove_checkpoints(directory: str | os.PathLike, doomed: Callable[[dict[str,
 
 
 def load_checkpoint(
-    directory: str | os.PathLike, checkpoint_id: bytes | str
+    directory: str | os.PathLike, checkpoint_id: bytes | str, limits: ManifestLimits | None = None
 ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """Read checkpoint `checkpoint_id` (bytes or hex) from `directory`: (tensors, metadata).
 
     Every chunk is checked against its hash before it is inflated, the whole
     state against `state_hash`, and the header against the format's rules; any
-    failure is a `CheckpointError` that names the chunk or the rule. The
-    tensors are CPU torch tensors, views into one buffer; `metadata` holds
-    ``round`` and ``run`` with the writer's other entries.
+    failure is a `CheckpointError` that names the chunk or the rule. With
+    `limits`, a checkpoint that breaks them raises `LimitError` before the state
+    is allocated: the manifest is checked first, then the header (inflated from
+    the first chunks alone) against `limits.tensors`. The tensors are CPU torch
+    tensors, views into one buffer; `metadata` holds ``round`` and ``run`` with
+    the writer's other entries.
     """
     manifest = _read_manifest_file(directory, _parse_id(checkpoint_id))
-    blob = np.empty(manifest.raw_size, dtype=np.uint8)
-    state = hashlib.sha256()
-    position = 0
-    for index in range(len(manifest.chunks)):
-        raw = decode_chunk(manifest, index, _read_chunk_file(directory, manifest, index))
-        blob[position : position + len(raw)] = np.frombuffer(raw, dtype=np.uint8)
-        state.update(raw)
-        position += len(raw)
-    if state.digest() != manifest.state_hash:
-        raise CheckpointError("bad-state", "the chunks inflate to a state that does not match state_hash")
-    return _tensors_from_blob(blob), manifest.full_metadata
+    if limits is not None:
+        limits.check(manifest)
+    reader = _StateReader(directory, manifest)
+    data_start, entries = _parse_header(reader.read_head(), manifest.raw_size)
+    if limits is not None and limits.tensors is not None:
+        _check_layout(entries, limits.tensors)
+    blob = reader.read_all()
+    return _views(blob, data_start, entries), manifest.full_metadata
+
+
+class _StateReader:
+    """The chunks of a stored checkpoint, each verified and inflated in order: first only as many
+    as hold the header, then the whole state into one buffer, checked against `state_hash`."""
+
+    def __init__(self, directory: str | os.PathLike, manifest: Manifest) -> None:
+        self.directory, self.manifest = directory, manifest
+        self.head: list[bytes] = []  # the chunks inflated by `read_head`
+        self.next = 0
+
+    def _inflate_next(self) -> bytes:
+        index, self.next = self.next, self.next + 1
+        return decode_chunk(self.manifest, index, _read_chunk_file(self.directory, self.manifest, index))
+
+    def read_head(self) -> bytes:
+        """The state's first bytes, up to the end of its header as its prefix states it (never past
+        `MAX_HEADER_SIZE`), or all of the state if it ends sooner."""
+        size, wanted = 0, PREFIX_SIZE
+        while size < wanted and self.next < len(self.manifest.chunks):
+            self.head.append(self._inflate_next())
+            size += len(self.head[-1])
+            if wanted == PREFIX_SIZE and size >= PREFIX_SIZE:
+                first = b"".join(self.head)[:PREFIX_SIZE]
+                wanted += min(int.from_bytes(first[len(MAGIC) :], "little"), MAX_HEADER_SIZE)
+        return b"".join(self.head)
+
+    def read_all(self) -> np.ndarray:
+        """The whole state in one buffer of `raw_size` bytes (the manifest's chunk sizes add up to it)."""
+        blob = np.empty(self.manifest.raw_size, dtype=np.uint8)
+        state = hashlib.sha256()
+        position = 0
+        head, self.head = self.head, []
+        rest = (self._inflate_next() for _ in range(self.next, len(self.manifest.chunks)))
+        for raw in itertools.chain(head, rest):
+            blob[position : position + len(raw)] = np.frombuffer(raw, dtype=np.uint8)
+            state.update(raw)
+            position += len(raw)
+        if state.digest() != self.manifest.state_hash:
+            raise CheckpointError("bad-state", "the chunks inflate to a state that does not match state_hash")
+        return blob
 
 
 def _parse_id(checkpoint_id: bytes | str) -> bytes:
@@ -429,7 +508,11 @@ def _read_chunk_file(directory: str | os.PathLike, manifest: Manifest, index: in
 
 def _tensors_from_blob(blob: np.ndarray) -> dict[str, torch.Tensor]:
     """Validate the blob's header and return its tensors as views into `blob`."""
-    data_start, entries = _parse_header(blob)
+    return _views(blob, *_parse_header(blob[: PREFIX_SIZE + MAX_HEADER_SIZE].tobytes(), len(blob)))
+
+
+def _views(blob: np.ndarray, data_start: int, entries: list[_Entry]) -> dict[str, torch.Tensor]:
+    """The tensors of the blob whose (validated) header gave `data_start` and `entries`, as views into `blob`."""
     tensors = {}
     for entry in entries:
         start = data_start + entry.offset
@@ -442,22 +525,39 @@ def _tensors_from_blob(blob: np.ndarray) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def _parse_header(blob: np.ndarray) -> tuple[int, list[_Entry]]:
-    """(where tensor bytes start, the entries), every rule checked against the blob's size."""
-    if len(blob) < PREFIX_SIZE or blob[: len(MAGIC)].tobytes() != MAGIC:
+def _parse_header(head: bytes, state_size: int) -> tuple[int, list[_Entry]]:
+    """(where tensor bytes start, the entries) of a state of `state_size` bytes that begins with
+    `head` (at least its prefix and header), every rule checked against that size."""
+    if len(head) < PREFIX_SIZE or head[: len(MAGIC)] != MAGIC:
         raise CheckpointError("bad-header", "the state does not start with the checkpoint magic")
-    header_size = int.from_bytes(blob[len(MAGIC) : PREFIX_SIZE].tobytes(), "little")
-    if header_size > MAX_HEADER_SIZE or PREFIX_SIZE + header_size > len(blob):
+    header_size = int.from_bytes(head[len(MAGIC) : PREFIX_SIZE], "little")
+    if header_size > MAX_HEADER_SIZE or PREFIX_SIZE + header_size > min(state_size, len(head)):
         raise CheckpointError("bad-header", f"header of {header_size} bytes does not fit the state")
     try:
-        header = unpack(blob[PREFIX_SIZE : PREFIX_SIZE + header_size].tobytes(), max_size=MAX_HEADER_SIZE)
+        header = unpack(head[PREFIX_SIZE : PREFIX_SIZE + header_size], max_size=MAX_HEADER_SIZE)
         _HEADER_SCHEMA.check(header)
     except ProtocolError as exc:
         raise CheckpointError("bad-header", f"{exc.code}: {exc.reason}") from None
     data_start = _align(PREFIX_SIZE + header_size)
     entries = [_Entry(t["name"], DTYPES[t["dtype"]], tuple(t["shape"]), t["offset"], t["length"]) for t in header["tensors"]]
-    _check_entries(entries, len(blob) - data_start)
+    _check_entries(entries, state_size - data_start)
     return data_start, entries
+
+
+def _check_layout(entries: list[_Entry], tensors: Mapping[str, TensorSpec]) -> None:
+    """Every tensor in the header is one of `tensors`, with its dtype and shape, and every
+    required one is there; else `LimitError` (limit ``tensors``)."""
+    held = {entry.name for entry in entries}
+    missing = sorted(name for name, spec in tensors.items() if spec.required and name not in held)
+    if missing:
+        raise LimitError("tensors", f"the state lacks {missing}")
+    for entry in entries:
+        spec = tensors.get(entry.name)
+        if spec is None:
+            raise LimitError("tensors", f"{entry.name!r:.80} is not one of {sorted(tensors)}")
+        if entry.dtype.name != spec.dtype or entry.shape != tuple(spec.shape):
+            got, expected = f"{entry.dtype.name}{list(entry.shape)}", f"{spec.dtype}{list(spec.shape)}"
+            raise LimitError("tensors", f"{entry.name!r} is {got:.80}, expected {expected:.80}")
 
 
 def _check_entries(entries: list[_Entry], data_size: int) -> None:
