@@ -40,7 +40,7 @@ from locomesh.protocol.runs import short_run_id
 from locomesh.training.checkpoint_manifest import Manifest, manifest_path, read_manifest
 
 from . import round_machine as rm
-from .checkpoint_download import DownloadError, DownloadProgress, Offload, checkpoint_store, download_checkpoint
+from .checkpoint_download import REFUSED, DownloadError, DownloadProgress, Offload, checkpoint_store, download_checkpoint
 from .round_work import RoundRecord, RoundWork, TrainingAhead
 from .runtime import Node
 
@@ -292,9 +292,19 @@ class RunParticipation:
         dials to it to time out): its payload is given up then, not after FETCH_TIMEOUT, which held
         the round up that long. If another peer has it, the round's proposal makes us fetch it again."""
         payload, started = None, trio.current_time()
+        try:
+            limits = self.participant.payload_limits(self.run_id, work.round, size)
+        except ValueError as error:  # a bad commit: no payload of this run is that size, so nothing is fetched
+            logger.warning("round %d: the commit of %s is bad: %s", work.round, peer_id_from_public_key(author), error)
+            limits = None
         with trio.move_on_after(min(FETCH_TIMEOUT, self.machine.timing.round_deadline / 4)):
-            while payload is None:
-                payload = await self._download_payload(work.round, author, payload_id, size)
+            while payload is None and limits is not None:
+                try:
+                    payload = await self._download_payload(work.round, author, payload_id, limits)
+                except REFUSED as error:  # a bad payload: trying again gives the same
+                    logger.warning("round %d: the payload committed by %s is refused: %s", work.round,
+                                   peer_id_from_public_key(author), error)
+                    break
                 if payload is None:
                     if not self._connected(author):
                         break
@@ -306,12 +316,14 @@ class RunParticipation:
                      "fetched" if payload is not None else "not fetched", trio.current_time() - started)
         self._emit(rm.Fetched(work.round, author, payload is not None, trio.current_time()))
 
-    async def _download_payload(self, round_number: int, author: bytes, payload_id: bytes, size: int) -> bytes | None:
+    async def _download_payload(self, round_number: int, author: bytes, payload_id: bytes, limits: Any) -> bytes | None:
         providers = [peer_id_from_public_key(author), *self._other_members(exclude=author)]
         try:
             await download_checkpoint(self.node, self.directory, payload_id, providers, scores=self.scores,
-                                      progress=DownloadProgress(payload_id), offload=self.offload)
-            tensors, metadata = await self.offload(checkpoint_store().load_checkpoint, self.directory, payload_id)
+                                      progress=DownloadProgress(payload_id), offload=self.offload, limits=limits)
+            tensors, metadata = await self.offload(checkpoint_store().load_checkpoint, self.directory, payload_id, limits)
+        except REFUSED:
+            raise
         except (DownloadError, OSError, ValueError) as error:
             logger.info("round %d: payload of %s not fetched: %s", round_number, peer_id_from_public_key(author), error)
             return None
@@ -320,8 +332,7 @@ class RunParticipation:
             logger.warning("round %d: the payload %s committed by %s is not a payload of this round",
                            round_number, payload_id.hex()[:12], peer_id_from_public_key(author))
             return None
-        data = payload.numpy().tobytes()
-        return data if len(data) == size else None
+        return payload.numpy().tobytes()
 
     async def _aggregate(self, work: RoundWork, authors: tuple[bytes, ...], last_commit: float) -> None:
         """The outer step and the vote; then, off the critical path, the state checkpoint. The
@@ -394,7 +405,8 @@ class RunParticipation:
             return None  # nobody attested it yet; the machine asks again
         try:
             await download_checkpoint(self.node, self.directory, checkpoint.id, self._state_providers(round_number),
-                                      scores=self.scores, progress=DownloadProgress(checkpoint.id), offload=self.offload)
+                                      scores=self.scores, progress=DownloadProgress(checkpoint.id), offload=self.offload,
+                                      limits=self.participant.state_limits(self.run_id, round_number))
             manifest = await self.offload(_read_installed_manifest, self.directory, checkpoint.id)
         except (DownloadError, OSError, ValueError) as error:
             logger.info("round %d: state download failed: %s", round_number, error)
