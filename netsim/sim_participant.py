@@ -2,7 +2,7 @@
 
 `SimParticipant` has the public surface of `locomesh.training.participant.Participant` that the
 round protocol uses (`train`, `delayed_start`, `aggregate`, `save`, `load`, `evaluation_due`, `evaluate`,
-`round`, `outer.numel`, `settings.inner_steps`, `settings.delayed_updates`), so the daemon's real
+`payload_limits`, `state_limits`, `round`, `outer.numel`, `settings.inner_steps`, `settings.delayed_updates`), so the daemon's real
 `RoundService` and `RunParticipation` drive it unchanged. What differs:
 
 - `train` does no arithmetic: it returns a payload of `payload_bytes` bytes drawn from a
@@ -30,9 +30,10 @@ import numpy as np
 import trio
 
 from locomesh.training.checkpoint import (
-    Manifest, load_checkpoint, manifest_path, read_manifest, state_digest, write_checkpoint,
+    LimitError, Manifest, ManifestLimits, TensorSpec, checkpoint_limits, load_checkpoint, manifest_path, read_manifest,
+    state_digest, write_checkpoint,
 )
-from locomesh.training.participant import Contribution, ParticipantError, StateSnapshot
+from locomesh.training.participant import Contribution, ParticipantError, StateSnapshot, payload_limits
 
 PAYLOAD_MARK = 0x4C  # "L": the first byte of an honest payload
 JUNK_MARK = 0x00
@@ -118,6 +119,15 @@ class SimParticipant:
     def evaluate(self) -> dict[str, float | None]:
         return {"loss": None, "floor": None}
 
+    # --- what a payload and a state of this run can be ---------------------------------------------
+
+    def payload_limits(self, run: bytes, round_number: int, size: int) -> ManifestLimits:
+        return payload_limits(run, round_number, size, self.cost.payload_bytes)
+
+    def state_limits(self, run: bytes, round_number: int | None = None) -> ManifestLimits:
+        metadata = {"run": run} if round_number is None else {"run": run, "round": round_number}
+        return checkpoint_limits({"state": TensorSpec("uint8", (self.cost.state_bytes,))}, metadata)
+
     # --- the shared state as a checkpoint -------------------------------------------------------
 
     def _tensors(self) -> dict[str, np.ndarray]:
@@ -134,11 +144,11 @@ class SimParticipant:
 
     def load(self, directory: str | os.PathLike, checkpoint_id: bytes, run: bytes) -> Manifest:
         """Adopt a verified checkpoint's state; `ParticipantError` if it is not a state of this run."""
-        tensors, metadata = load_checkpoint(directory, checkpoint_id)
-        state = tensors.get("state")
-        if metadata["run"] != run or state is None or state.numel() != self.cost.state_bytes:
-            raise ParticipantError("the checkpoint is not a simulated state of this run")
-        self.state = state.numpy().tobytes()
+        try:
+            tensors, metadata = load_checkpoint(directory, checkpoint_id, self.state_limits(run))
+        except LimitError as error:
+            raise ParticipantError(f"the checkpoint is not a simulated state of this run: {error.reason}") from error
+        self.state = tensors["state"].numpy().tobytes()
         self.round = metadata["round"]
         return read_manifest(manifest_path(directory, checkpoint_id).read_bytes())
 

@@ -10,6 +10,12 @@ fsync are not for the event loop), and reports the outcome. When every chunk
 is stored, the manifest is written last, atomically: only then can the
 checkpoint be loaded.
 
+A caller that knows what the checkpoint may be (a payload or a state of its run) passes
+`ManifestLimits`: the manifest is checked against them the moment it is read, before any chunk
+is fetched. A manifest that breaks them hashes to the ID asked for, so every provider would send
+the same: the one that sent it is struck and the download fails at once (`CheckpointRefused`,
+naming the limit). Without limits the manifest format's own caps are all that hold.
+
 Every request has a timeout (`REQUEST_TIMEOUT` per frame); a provider that
 vanishes costs its in-flight chunks a timeout each, then they are fetched
 elsewhere. A provider whose chunk fails its hash gets a strike in the node's
@@ -31,7 +37,9 @@ from libp2p.peer.id import ID
 from multiaddr import Multiaddr
 
 from locomesh.protocol import ProtocolError
-from locomesh.training.checkpoint_manifest import MAX_MANIFEST_SIZE, CheckpointError, Manifest, read_manifest
+from locomesh.training.checkpoint_manifest import (
+    MAX_MANIFEST_SIZE, CheckpointError, LimitError, Manifest, ManifestLimits, read_manifest,
+)
 
 from . import checkpoint_wire as wire
 from .dataplane import SealedStream, open_sealed_stream
@@ -61,6 +69,20 @@ async def run_inline(function: Callable[..., Any], *args: Any) -> Any:
 
 class DownloadError(Exception):
     """A checkpoint could not be downloaded (no valid manifest, or a chunk no provider would serve)."""
+
+
+class CheckpointRefused(DownloadError):
+    """The checkpoint's manifest breaks the caller's `ManifestLimits`: nothing of it was fetched.
+    `limit` names the limit (see `LimitError`)."""
+
+    def __init__(self, checkpoint_id: bytes, error: LimitError) -> None:
+        super().__init__(f"checkpoint {checkpoint_id.hex()[:16]} refused: {error.reason}")
+        self.limit = error.limit
+
+
+# What says that a checkpoint itself is not what the caller allows (its manifest when it arrives,
+# its header when it is loaded): fetching it again, from anyone, gives the same.
+REFUSED = (CheckpointRefused, LimitError)
 
 
 def checkpoint_store() -> ModuleType:
@@ -227,16 +249,20 @@ async def download_checkpoint(
     max_window: int = MAX_WINDOW,
     transport: str = "auto",
     offload: Offload = trio.to_thread.run_sync,
+    limits: ManifestLimits | None = None,
 ) -> Manifest:
     """Download checkpoint `checkpoint_id` into the store at `directory` from `providers`; return its manifest.
 
     Raises `DownloadError` when it cannot finish; chunks already verified stay
     stored, so a later call resumes. Cancelling it leaves the store consistent.
+    With `limits`, a checkpoint whose manifest breaks them raises `CheckpointRefused`
+    before any chunk is fetched, and its provider is struck.
     """
     progress.started_at = trio.current_time()
     store = await offload(checkpoint_store)
     local = await offload(_installed_manifest, store, directory, checkpoint_id)
     if local is not None:
+        _check_limits(local, limits)
         progress.state, progress.chunks_total, progress.done_at = "done", len(local.chunks), trio.current_time()
         progress.chunks_stored = len(local.chunks)
         return local
@@ -244,7 +270,7 @@ async def download_checkpoint(
         peer: ProviderSession(node, peer, address, transport) for peer, address in map(parse_provider, providers)
     }
     try:
-        manifest = await _fetch_manifest(sessions, checkpoint_id, scores)
+        manifest = await _fetch_manifest(sessions, checkpoint_id, scores, limits)
         missing = await offload(store.missing_chunks, directory, manifest)
         progress.state, progress.chunks_total = "chunks", len(manifest.chunks)
         progress.chunks_stored = len(manifest.chunks) - len(missing)
@@ -261,15 +287,23 @@ async def download_checkpoint(
             await session.close()
 
 
-async def _fetch_manifest(sessions: dict[str, ProviderSession], checkpoint_id: bytes, scores: PeerScores) -> Manifest:
-    """The manifest from the first provider that has it and sends bytes hashing to `checkpoint_id`."""
+async def _fetch_manifest(
+    sessions: dict[str, ProviderSession], checkpoint_id: bytes, scores: PeerScores, limits: ManifestLimits | None,
+) -> Manifest:
+    """The manifest from the first provider that has it and sends bytes hashing to `checkpoint_id`;
+    `CheckpointRefused` (its sender struck) if it breaks `limits`."""
     problems = []
     for peer, session in sessions.items():
         try:
             reply = await session.ask(checkpoint_id, None, max_size=MAX_MANIFEST_SIZE)
             if reply.status == wire.OK:
-                return read_manifest(reply.payload, expected_id=checkpoint_id)
+                manifest = read_manifest(reply.payload, expected_id=checkpoint_id)
+                _check_limits(manifest, limits)
+                return manifest
             problems.append(f"{peer}: {reply.status}")
+        except CheckpointRefused as refused:  # any other provider would send the same manifest: no retry
+            scores.strike(peer, f"manifest: {refused}")
+            raise
         except CheckpointError as error:
             scores.strike(peer, f"manifest: {error.reason}")
             problems.append(f"{peer}: {error}")
@@ -278,6 +312,16 @@ async def _fetch_manifest(sessions: dict[str, ProviderSession], checkpoint_id: b
                 raise
             problems.append(f"{peer}: {error}")
     raise DownloadError(f"no provider gave the manifest of {checkpoint_id.hex()}: {'; '.join(problems) or 'none given'}")
+
+
+def _check_limits(manifest: Manifest, limits: ManifestLimits | None) -> None:
+    """`CheckpointRefused` if `manifest` breaks `limits`."""
+    if limits is None:
+        return
+    try:
+        limits.check(manifest)
+    except LimitError as error:
+        raise CheckpointRefused(manifest.id, error) from None
 
 
 def _installed_manifest(store: ModuleType, directory: Path, checkpoint_id: bytes) -> Manifest | None:

@@ -41,7 +41,7 @@ from locomesh.training.checkpoint_manifest import Manifest, manifest_path, read_
 from locomesh.training.run_settings import TrainingDiverged
 
 from . import round_machine as rm
-from .checkpoint_download import DownloadError, DownloadProgress, Offload, checkpoint_store, download_checkpoint
+from .checkpoint_download import REFUSED, DownloadError, DownloadProgress, Offload, checkpoint_store, download_checkpoint
 from .round_work import RoundRecord, RoundWork, TrainingAhead
 from .runtime import Node
 
@@ -330,12 +330,22 @@ class RunParticipation:
         window, if longer) is one nobody serves: its author withholds it, and would otherwise cost
         every round FETCH_TIMEOUT. If another peer has it, the round's proposal makes us fetch it again."""
         payload, started = None, trio.current_time()
+        try:
+            limits = self.participant.payload_limits(self.run_id, work.round, size)
+        except ValueError as error:  # a bad commit: no payload of this run is that size, so nothing is fetched
+            logger.warning("round %d: the commit of %s is bad: %s", work.round, peer_id_from_public_key(author), error)
+            limits = None
         progress = DownloadProgress(payload_id)  # kept across tries: its byte count shows a stall
         with trio.move_on_after(min(FETCH_TIMEOUT, self.machine.timing.round_deadline / 4)):
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._give_up_when_stalled, work, progress, nursery.cancel_scope)
-                while payload is None:
-                    payload = await self._download_payload(work.round, author, payload_id, size, progress)
+                while payload is None and limits is not None:
+                    try:
+                        payload = await self._download_payload(work.round, author, payload_id, limits, progress)
+                    except REFUSED as error:  # a bad payload: trying again gives the same
+                        logger.warning("round %d: the payload committed by %s is refused: %s", work.round,
+                                       peer_id_from_public_key(author), error)
+                        break
                     if payload is None:
                         if not self._connected(author):
                             break
@@ -364,13 +374,15 @@ class RunParticipation:
                 return
             await trio.sleep_until(max(min(cutoff, now + stall), since + stall, now + STALL_POLL_SECONDS))
 
-    async def _download_payload(self, round_number: int, author: bytes, payload_id: bytes, size: int,
+    async def _download_payload(self, round_number: int, author: bytes, payload_id: bytes, limits: Any,
                                 progress: DownloadProgress) -> bytes | None:
         providers = [peer_id_from_public_key(author), *self._other_members(exclude=author)]
         try:
             await download_checkpoint(self.node, self.directory, payload_id, providers, scores=self.scores,
-                                      progress=progress, offload=self.offload)
-            tensors, metadata = await self.offload(checkpoint_store().load_checkpoint, self.directory, payload_id)
+                                      progress=progress, offload=self.offload, limits=limits)
+            tensors, metadata = await self.offload(checkpoint_store().load_checkpoint, self.directory, payload_id, limits)
+        except REFUSED:
+            raise
         except (DownloadError, OSError, ValueError) as error:
             logger.info("round %d: payload of %s not fetched: %s", round_number, peer_id_from_public_key(author), error)
             return None
@@ -379,8 +391,7 @@ class RunParticipation:
             logger.warning("round %d: the payload %s committed by %s is not a payload of this round",
                            round_number, payload_id.hex()[:12], peer_id_from_public_key(author))
             return None
-        data = payload.numpy().tobytes()
-        return data if len(data) == size else None
+        return payload.numpy().tobytes()
 
     async def _aggregate(self, work: RoundWork, authors: tuple[bytes, ...], last_commit: float) -> None:
         """The outer step and the vote; then, off the critical path, the state checkpoint. The
@@ -460,7 +471,8 @@ class RunParticipation:
     async def _try_state(self, round_number: int, state_hash: bytes, checkpoint_id: bytes) -> bool:
         try:
             await download_checkpoint(self.node, self.directory, checkpoint_id, self._state_providers(round_number),
-                                      scores=self.scores, progress=DownloadProgress(checkpoint_id), offload=self.offload)
+                                      scores=self.scores, progress=DownloadProgress(checkpoint_id), offload=self.offload,
+                                      limits=self.participant.state_limits(self.run_id, round_number))
             manifest = await self.offload(_read_installed_manifest, self.directory, checkpoint_id)
         except (DownloadError, OSError, ValueError) as error:
             logger.info("round %d: state download failed: %s", round_number, error)

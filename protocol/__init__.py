@@ -5,7 +5,7 @@ through `decode` here before any other code looks at it.
 """
 
 from .canonical import pack, unpack
-from .compression import compress, decompress
+from .compression import compress, compress_bound, decompress
 from .envelope import Envelope, decode, encode, sign
 from .errors import ProtocolError
 from .identity import Identity, IdentityError, peer_id_from_public_key, public_key_from_peer_id, verify
@@ -13,6 +13,6 @@ from .kinds import KINDS, MessageKind, lookup, register
 
 __all__ = [
     "KINDS", "Envelope", "Identity", "IdentityError", "MessageKind", "ProtocolError",
-    "compress", "decode", "decompress", "encode", "lookup", "pack", "peer_id_from_public_key",
+    "compress", "compress_bound", "decode", "decompress", "encode", "lookup", "pack", "peer_id_from_public_key",
     "public_key_from_peer_id", "register", "sign", "unpack", "verify",
 ]

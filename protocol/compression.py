@@ -26,6 +26,13 @@ def compress(data: bytes, *, level: int = 3) -> bytes:
     return zstandard.ZstdCompressor(level=level, write_content_size=True).compress(data)
 
 
+def compress_bound(raw_size: int) -> int:
+    """An upper bound on the size of the one frame `compress` makes of `raw_size` bytes, at any
+    level: zstd's own worst case (ZSTD_compressBound: raw + raw/256, plus up to 64 bytes for small
+    inputs) with room for the frame header and checksum."""
+    return raw_size + (raw_size >> 8) + 256
+
+
 def decompress(frame: bytes, *, max_output: int) -> bytes:
     """Inflate one zstd frame into at most `max_output` bytes, or raise `ProtocolError`."""
     frame = bytes(frame)

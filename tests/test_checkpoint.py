@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from locomesh.protocol import ProtocolError, compress, pack, unpack
 from locomesh.training import checkpoint as ck
+from locomesh.training import state_format
 from locomesh.training.checkpoint_manifest import MAX_MANIFEST_SIZE
 from locomesh.training.checkpoint import (
     CheckpointError, chunk_path, decode_chunk, load_checkpoint, manifest_path, merkle_proof, merkle_root,
@@ -345,7 +346,7 @@ def _entry(name="a", dtype="float32", shape=(4,), offset=0, length=16):
 def _blob(entries, data_size, *, magic=ck.MAGIC, header=None, data=None):
     header = pack({"tensors": entries}) if header is None else header
     prefix = magic + len(header).to_bytes(4, "little") + header
-    prefix += bytes(ck._align(len(prefix)) - len(prefix))
+    prefix += bytes(state_format.align(len(prefix)) - len(prefix))
     return prefix + (bytes(data_size) if data is None else data)
 
 
@@ -384,7 +385,7 @@ def test_hand_made_blob_loads(tmp_path):
     data = np.arange(4, dtype="<f4").tobytes() + bytes(48) + b"\x01\x00"
     tensors, _ = _load_blob(tmp_path, _blob([_entry(), _entry("b", "bool", (2,), 64, 2)], 66, data=data))
     assert tensors["a"].tolist() == [0.0, 1.0, 2.0, 3.0] and tensors["b"].tolist() == [True, False]
-    assert sorted(ck._tensors_from_blob(np.frombuffer(bytearray(_VALID_BLOB), dtype=np.uint8))) == ["a", "b", "c"]
+    assert sorted(state_format.tensors_from_blob(np.frombuffer(bytearray(_VALID_BLOB), dtype=np.uint8))) == ["a", "b", "c"]
 
 
 # --- atomic writes ----------------------------------------------------------------------------
@@ -545,7 +546,7 @@ def test_mutated_states_raise_only_checkpoint_errors(mutations):
     """What a writer whose chunks hash right can still get wrong: the header and layout inside the state."""
     data = _apply(_VALID_BLOB, mutations)
     try:
-        tensors = ck._tensors_from_blob(np.frombuffer(bytearray(data), dtype=np.uint8))
+        tensors = state_format.tensors_from_blob(np.frombuffer(bytearray(data), dtype=np.uint8))
     except CheckpointError:
         return
     assert sum(t.numel() * t.element_size() for t in tensors.values()) <= len(data)

@@ -20,17 +20,23 @@ manifest lists the chunks in order and is itself canonical msgpack:
 (chunk count, chunk sizes, Merkle root) is recomputed and compared, and any
 failure is a `CheckpointError`, a `ProtocolError` with a code that says which
 rule broke.
+
+`ManifestLimits` is what a caller allows a checkpoint it asked for to be: a manifest that is
+valid but bigger than that, or that holds other metadata, is refused with a `LimitError` that
+names the limit, before anything is fetched or allocated for it.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
-from locomesh.protocol import ProtocolError, pack, unpack
+from locomesh.protocol import ProtocolError, compress_bound, pack, unpack
 from locomesh.protocol.schema import Bytes, Int, List, Map, Scalar, Spec, Struct
 
 FORMAT_VERSION = 1
@@ -52,8 +58,19 @@ class CheckpointError(ProtocolError):
     """A checkpoint (manifest, chunk or state) that breaks the format or its own hashes.
 
     Codes: ``bad-manifest``, ``wrong-id``, ``bad-chunk``, ``missing-chunk``,
-    ``missing-manifest``, ``bad-header``, ``bad-state``, ``bad-metadata``.
+    ``missing-manifest``, ``bad-header``, ``bad-state``, ``bad-metadata``, ``over-limit``
+    (a `LimitError`).
     """
+
+
+class LimitError(CheckpointError):
+    """A checkpoint that is valid but not what the caller allows (`ManifestLimits`); `limit` names
+    the limit it breaks (``max_raw_size``, ``max_chunks``, ``max_chunk_size``, ``metadata``,
+    ``tensors``)."""
+
+    def __init__(self, limit: str, reason: str) -> None:
+        super().__init__("over-limit", f"{limit}: {reason}")
+        self.limit = limit
 
 
 @dataclass(frozen=True)
@@ -156,6 +173,58 @@ class Manifest:
     def full_metadata(self) -> dict[str, Any]:
         """`metadata` with `round` and `run` put back: what the writer was given."""
         return {**self.metadata, "round": self.round, "run": self.run}
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """A tensor a checkpoint must hold (or, not `required`, may hold): its dtype name and shape."""
+
+    dtype: str
+    shape: tuple[int, ...]
+    required: bool = True
+
+
+@dataclass(frozen=True)
+class ManifestLimits:
+    """What a caller allows a checkpoint it asked for to be (a payload or a state of its run).
+
+    `check` looks at the manifest alone, so a download refuses a checkpoint before it fetches a
+    chunk of it; `tensors`, the exact layout, is checked against the state's header by
+    `load_checkpoint` before it allocates the state. `max_chunks` defaults to what `max_raw_size`
+    needs in chunks of `max_chunk_size` (the size the run's writers use): a manifest of many tiny
+    chunks costs a request each.
+    """
+
+    max_raw_size: int
+    max_chunk_size: int = DEFAULT_CHUNK_SIZE  # raw bytes per chunk: what loading inflates at a time
+    max_chunks: int | None = None
+    metadata: Mapping[str, Any] = field(default_factory=dict)  # entries the checkpoint's metadata must hold
+    tensors: Mapping[str, TensorSpec] | None = None  # the exact layout of the state, when known
+
+    def __post_init__(self) -> None:
+        if self.max_chunks is None:
+            object.__setattr__(self, "max_chunks", max(1, -(-self.max_raw_size // self.max_chunk_size)))
+        object.__setattr__(self, "metadata", MappingProxyType(dict(self.metadata)))
+        if self.tensors is not None:
+            object.__setattr__(self, "tensors", MappingProxyType(dict(self.tensors)))
+
+    def check(self, manifest: Manifest) -> None:
+        """Raise `LimitError` naming the first limit `manifest` breaks; return if it keeps them all."""
+        if manifest.raw_size > self.max_raw_size:
+            raise LimitError("max_raw_size", f"the state is {manifest.raw_size} bytes, at most {self.max_raw_size} allowed")
+        if len(manifest.chunks) > self.max_chunks:
+            raise LimitError("max_chunks", f"{len(manifest.chunks)} chunks, at most {self.max_chunks} allowed")
+        if manifest.chunk_size > self.max_chunk_size:
+            raise LimitError("max_chunk_size", f"chunks of {manifest.chunk_size} bytes, at most {self.max_chunk_size} allowed")
+        held = manifest.full_metadata
+        for key, wanted in self.metadata.items():
+            value = held.get(key, _ABSENT)
+            if type(value) is not type(wanted) or value != wanted:
+                shown = "absent" if value is _ABSENT else f"{value!r:.80}"
+                raise LimitError("metadata", f"{key} is {shown}, expected {wanted!r:.80}")
+
+
+_ABSENT = object()
 
 
 def read_manifest(data: bytes, *, expected_id: bytes | None = None) -> Manifest:
@@ -311,11 +380,6 @@ def _check_chunk_sizes(raw_size: int, chunk_size: int, chunks: tuple[ChunkRef, .
         if chunk.size > compress_bound(chunk.raw_size):
             reason = f"chunk {index}: {chunk.size} compressed bytes for {chunk.raw_size} raw is impossible"
             raise CheckpointError("bad-manifest", reason)
-
-
-def compress_bound(raw_size: int) -> int:
-    """An upper bound on a zstd frame's size for `raw_size` input (ZSTD_compressBound plus header room)."""
-    return raw_size + (raw_size >> 8) + 256
 
 
 # --- where a checkpoint store keeps things (here, not in checkpoint.py: no torch needed) ----------

@@ -42,7 +42,7 @@ from __future__ import annotations
 import numpy as np
 import zstandard
 
-from locomesh.protocol import ProtocolError, decompress, pack, unpack
+from locomesh.protocol import ProtocolError, compress_bound, decompress, pack, unpack
 
 FORMAT_VERSION = 1
 MODES = ("int8", "int4", "fp32")
@@ -140,9 +140,20 @@ class Encoder:
         return np.concatenate([scales.view(np.uint8), codes.view(np.uint8)])
 
     def _assemble(self, numel: int, body: np.ndarray) -> bytes:
-        header = pack({"v": FORMAT_VERSION, "mode": self.mode, "numel": numel, "block": self.block_size})
+        header = _header(self.mode, numel, self.block_size)
         frame = self._compressor.compress(body.data)
         return len(header).to_bytes(2, "big") + header + frame
+
+
+def max_payload_size(mode: str, numel: int, block_size: int = DEFAULT_BLOCK) -> int:
+    """The most bytes a payload of `numel` values in `mode` (quantized in blocks of `block_size`)
+    can have: its header, and zstd's worst case for its body (bytes that do not compress)."""
+    block = 0 if mode == "fp32" else block_size
+    return 2 + len(_header(mode, numel, block)) + compress_bound(_body_length(mode, numel, block))
+
+
+def _header(mode: str, numel: int, block: int) -> bytes:
+    return pack({"v": FORMAT_VERSION, "mode": mode, "numel": numel, "block": block})
 
 
 def decode(

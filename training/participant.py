@@ -14,6 +14,9 @@ no I/O besides checkpoint files:
   delay; starting from θ_{r-1} − Δ_r instead reached 2.660 and lagged far more in rounds 2-5;
 - `aggregate(payloads)`: decode, validate, robust-aggregate and take the outer Nesterov step
   (`OuterStep`, bit-exact on every CPU), giving θ_{r+1};
+- `payload_limits(...)` / `state_limits(...)`: what a payload or a state of this run can be at
+  most (from the model's size and the codec), so a peer refuses a commit, a manifest or a
+  state's header that claims more before it fetches or allocates anything for it;
 - `save(directory, run)` / `load(...)`: the shared state as a checkpoint. The shared state is θ,
   the outer momentum buffer and the previous aggregate (CenteredClip centres on it): everything
   the next outer step reads, so two peers with the same checkpoint compute the same next round.
@@ -36,8 +39,11 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from .attacks import AttackView, get_attack
-from .checkpoint import FAST_LEVEL, Manifest, checkpoint_manifest, load_checkpoint, manifest_path, read_manifest, state_digest, write_checkpoint
-from .codec import Encoder, decode, non_finite_payload
+from .checkpoint import (
+    FAST_LEVEL, LimitError, Manifest, ManifestLimits, TensorSpec, checkpoint_limits, checkpoint_manifest, layout_raw_size,
+    load_checkpoint, manifest_path, read_manifest, state_digest, write_checkpoint,
+)
+from .codec import Encoder, decode, max_payload_size, non_finite_payload
 from .flat import flatten, unflatten_into
 from .inner import InnerConfig, Worker
 from .outer import OuterResult, OuterStep
@@ -45,6 +51,7 @@ from .run_settings import ParticipantError, RoundSettings, TrainingDiverged, che
 from .tasks import Task
 
 STATE_TENSORS = ("theta", "momentum", "previous")
+PAYLOAD_TENSOR = "payload"  # a payload travels as a checkpoint of one uint8 tensor of its bytes
 
 
 @dataclass(frozen=True)
@@ -75,6 +82,18 @@ class StateSnapshot:
 
     def _metadata(self, run: bytes) -> dict[str, Any]:
         return {"round": self.round, "run": run}
+
+
+def payload_limits(run: bytes, round_number: int, size: int, max_size: int) -> ManifestLimits:
+    """The limits of the checkpoint that carries a payload of `size` bytes committed for round
+    `round_number` of run `run` (one uint8 tensor, metadata ``kind: payload``, as the participation
+    stores one). `ParticipantError` if `size` is not one a payload of the run can have (1 to
+    `max_size` bytes): the commit is bad, there is nothing to fetch."""
+    if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= max_size:
+        raise ParticipantError(f"a commit names a payload of {size!r:.40} bytes; a payload of this run has 1 to {max_size}")
+    return checkpoint_limits(
+        {PAYLOAD_TENSOR: TensorSpec("uint8", (size,))}, {"run": run, "round": round_number, "kind": "payload"},
+    )
 
 
 def peer_index(key: bytes) -> int:
@@ -176,6 +195,31 @@ class Participant:
         unflatten_into(self.eval_model, self.outer.theta)
         return self.task.evaluate(self.eval_model)
 
+    # --- what a payload and a state of this run can be ---------------------------------------------
+
+    def max_payload_size(self) -> int:
+        """The most bytes a payload of this run can have: its codec's worst case for the model's size."""
+        return max_payload_size(self.settings.codec, self.outer.numel, self.outer.config.block_size)
+
+    def payload_limits(self, run: bytes, round_number: int, size: int) -> ManifestLimits:
+        """What the checkpoint of a payload of `size` bytes committed for round `round_number` may be
+        (`payload_limits`); `ParticipantError` for a size no payload of this run has."""
+        return payload_limits(run, round_number, size, self.max_payload_size())
+
+    def state_layout(self) -> dict[str, TensorSpec]:
+        """The tensors of a state of this run: θ and momentum, and (after a round) the previous aggregate."""
+        numel = self.outer.numel
+        return {name: TensorSpec("float32", (numel,), required=name != "previous") for name in STATE_TENSORS}
+
+    def state_raw_size(self) -> int:
+        """The raw size of a state of this run with all its tensors: no state of it is larger."""
+        return layout_raw_size(self.state_layout())
+
+    def state_limits(self, run: bytes, round_number: int | None = None) -> ManifestLimits:
+        """What a checkpoint of a state of run `run` (of round `round_number`, if given) may be."""
+        metadata = {"run": run} if round_number is None else {"run": run, "round": round_number}
+        return checkpoint_limits(self.state_layout(), metadata)
+
     # --- the shared state as a checkpoint -------------------------------------------------------
 
     def state_tensors(self) -> dict[str, np.ndarray]:
@@ -198,16 +242,14 @@ class Participant:
         return self.snapshot().save(directory, run)
 
     def load(self, directory: str | os.PathLike, checkpoint_id: bytes, run: bytes) -> Manifest:
-        """Adopt the shared state of a verified checkpoint of run `run`; `ParticipantError` if it does not fit."""
-        tensors, metadata = load_checkpoint(directory, checkpoint_id)
-        if metadata["run"] != run:
-            raise ParticipantError("the checkpoint belongs to another run")
-        names = set(tensors)
-        if not {"theta", "momentum"} <= names <= set(STATE_TENSORS):
-            raise ParticipantError(f"a run state holds {STATE_TENSORS}, this checkpoint holds {sorted(names)}")
+        """Adopt the shared state of a verified checkpoint of run `run`; `ParticipantError` if it does
+        not fit (refused before the state is allocated: see `state_limits`)."""
+        try:
+            tensors, metadata = load_checkpoint(directory, checkpoint_id, self.state_limits(run))
+        except LimitError as error:
+            what = "belongs to another run" if error.limit == "metadata" else "is not a state of this run's model"
+            raise ParticipantError(f"the checkpoint {what}: {error.reason}") from error
         arrays = {name: tensor.numpy() for name, tensor in tensors.items()}
-        if any(array.dtype != np.float32 or array.size != self.outer.numel for array in arrays.values()):
-            raise ParticipantError(f"the checkpoint's tensors are not {self.outer.numel} float32 values each")
         self.outer = OuterStep(
             arrays["theta"], self.settings.outer_config(),
             momentum_buffer=arrays["momentum"], previous_aggregate=arrays.get("previous"),
