@@ -3,25 +3,96 @@ the daemon's own services. Each is the real service with one behaviour turned ho
 the honest nodes face is exactly what a modified daemon could send. The simulator's only; the
 daemon never imports this.
 
-- `WithholdingCheckpointService`: commits its payloads like anyone and stays connected, but never
-  serves a payload (its own or one it fetched); as the round's first proposer its set names its
-  own payload, which nobody can fetch (issue #18, findings 1 and 7).
+- `WithholdingCheckpointService`: commits its payloads like anyone and stays connected, but from
+  round WITHHOLD_FROM on never serves a payload (its own or one it fetched); as the round's first
+  proposer its set names its own payload, which nobody can fetch (issue #18, findings 1 and 7);
+- intruders, keys that join and write hostile ops but take no honest part in the rounds:
+  `attest_bogus_checkpoints` (Sybil attesters, finding 3) and `commit_bombs` (payload bombs,
+  finding 2).
 """
 
 from __future__ import annotations
 
+import hashlib
+from pathlib import Path
+
+import trio
+
 from locomesh.node import checkpoint_wire as wire
 from locomesh.node.checkpoint_service import CheckpointService
-from locomesh.training.checkpoint_manifest import CheckpointError
+from locomesh.node.crdt_service import CrdtService
+from locomesh.protocol import compress
+from locomesh.protocol.files import atomic_write
+from locomesh.training.checkpoint_manifest import CheckpointError, ChunkRef, Manifest, chunk_path, manifest_path
+
+WITHHOLD_FROM = 2  # a withholder serves round 1 honestly, so that its key earns a say
 
 
 class WithholdingCheckpointService(CheckpointService):
-    """A checkpoint service that answers not-found for every round payload it holds."""
+    """A checkpoint service that serves round payloads honestly up to round WITHHOLD_FROM - 1 (so
+    its key earns a say, and a turn as proposer) and answers not-found for every payload after."""
 
     def _read(self, request: wire.Request) -> bytes | None:
         try:
-            if self._manifest(request.checkpoint_id).metadata.get("kind") == "payload":
-                return None
+            manifest = self._manifest(request.checkpoint_id)
         except (OSError, CheckpointError):
             return None
+        if manifest.metadata.get("kind") == "payload" and manifest.round >= WITHHOLD_FROM:
+            return None
         return super()._read(request)
+
+
+# --- intruders: keys that join and write hostile ops, with no honest part in the rounds -----------
+
+WATCH_SECONDS = 0.25  # how often an intruder looks at the run's state
+
+
+async def attest_bogus_checkpoints(crdt: CrdtService, run_id: bytes, *, until_round: int) -> None:
+    """A Sybil attester (issue #18, finding 3): join, then attest a checkpoint nobody stored for
+    every round certified, so that a syncing peer would download it if attestations were free."""
+    replica = crdt.replicas[run_id]
+    crdt.write(run_id, "join", round=replica.state.round + 2)
+    attested = replica.state.round
+    while attested < until_round:
+        await trio.sleep(WATCH_SECONDS)
+        for round_number in range(attested + 1, replica.state.round + 1):
+            bogus = hashlib.sha256(b"bogus checkpoint" + round_number.to_bytes(8, "big")).digest()
+            crdt.write(run_id, "attest", round=round_number, id=bogus, size=1024)
+        attested = max(attested, replica.state.round)
+
+
+async def commit_bombs(crdt: CrdtService, run_id: bytes, me: bytes, directory: Path, *, payload_bytes: int,
+                       until_round: int) -> None:
+    """A bomber (issue #18, finding 2): join, then in every round commit a payload whose manifest
+    (a few kilobytes, served by this node's checkpoint service) names one zero chunk of 64 MiB
+    BOMB_COPIES times, so that a node that trusted it would allocate gigabytes."""
+    replica = crdt.replicas[run_id]
+    crdt.write(run_id, "join", round=replica.state.round + 2)
+    committed = replica.state.round + 1
+    while committed <= until_round:
+        await trio.sleep(WATCH_SECONDS)
+        round_number = replica.state.round + 1
+        if round_number > committed and replica.commits(round_number) and me in replica.contributors(round_number):
+            manifest = install_zero_chunk_bomb(directory, run_id, round_number)
+            crdt.write(run_id, "commit", round=round_number, hash=manifest.id, size=payload_bytes)
+            committed = round_number
+
+
+BOMB_CHUNK = 64 * 1024 * 1024
+BOMB_COPIES = 24
+
+
+def install_zero_chunk_bomb(directory: Path, run_id: bytes, round_number: int, *, chunk_size: int = BOMB_CHUNK,
+                            copies: int = BOMB_COPIES, metadata: dict | None = None) -> Manifest:
+    """Install in the store at `directory` a checkpoint whose manifest names one zero chunk
+    `copies` times: a few kilobytes on the wire for `chunk_size x copies` bytes of claimed state."""
+    frame = compress(bytes(chunk_size), level=1)
+    digest = hashlib.sha256(frame).digest()
+    manifest = Manifest.build(
+        raw_size=chunk_size * copies, chunk_size=chunk_size, chunks=[ChunkRef(digest, len(frame), chunk_size)] * copies,
+        round=round_number, run=run_id, state_hash=bytes(32),
+        metadata=metadata if metadata is not None else {"kind": "payload"},
+    )
+    atomic_write(chunk_path(directory, digest), frame)
+    atomic_write(manifest_path(directory, manifest.id), manifest.encode())
+    return manifest

@@ -56,6 +56,7 @@ from .. import clock
 from ..links import Capacity, LinkProfile
 from ..node import SimNode
 from ..report import percentile, table
+from .. import adversaries
 from ..adversaries import WithholdingCheckpointService
 from ..sim_participant import SimCompute, SimCost, SimParticipant
 from ..simulation import Simulation, run_simulation
@@ -84,6 +85,8 @@ class Config:
     slow_factor: float = 1.5
     byzantine: int = 0
     withholding: int = 0  # members that commit and never serve a payload (netsim/adversaries.py)
+    sybils: int = 0  # extra keys that join and attest a bogus checkpoint for every round
+    bombers: int = 0  # extra keys that join and commit a payload bomb every round
     churn: int = 0
     churn_round: int = 2
     churn_every: int = 0  # rounds between churn waves after the first (0: one wave)
@@ -115,6 +118,18 @@ class _Member:
         return None if entry is None else entry[0]
 
 
+@dataclass
+class _Intruder:
+    """A key that joins the run and writes hostile ops, with no honest part in the rounds
+    (netsim/adversaries.py); it runs the registry, the CRDT and a checkpoint service."""
+
+    node: SimNode
+    kind: str  # sybil or bomber
+    registry: RunRegistryService
+    crdt: CrdtService
+    checkpoints: CheckpointService
+
+
 class _Run:
     """The state of one `train` run."""
 
@@ -122,6 +137,7 @@ class _Run:
         self.sim, self.config, self.directory, self.progress = sim, config, directory, progress
         self.rng = sim.rng_for("train")
         self.members: list[_Member] = []
+        self.intruders: list[_Intruder] = []
         self.manifest = b""
         self.run_id = b""
         self.started = 0.0  # virtual time the run was created
@@ -152,6 +168,35 @@ class _Run:
         self.members.append(member)
         return member
 
+    def _add_intruder(self, kind: str) -> _Intruder:
+        config = self.config
+        node = self.sim.add_node(f"x{len(self.intruders):04d}", profile=LinkProfile(latency=config.latency, buffer=config.buffer),
+                                 capacity=Capacity(upload=config.uplink, download=config.downlink))
+        data_dir = self.directory / node.name
+        registry = RunRegistryService(data_dir)
+        checkpoints = CheckpointService(data_dir / "checkpoints", dataplane=False, offload=run_inline,
+                                        discovery=lambda: registry.discovery)
+        intruder = _Intruder(node, kind, registry, CrdtService(data_dir), checkpoints)
+        self.intruders.append(intruder)
+        return intruder
+
+    async def _intrude(self, intruder: _Intruder, creator: _Member) -> None:
+        """Start an intruder once the run is under way, pull the run's state and attack."""
+        await self.sim.start(intruder.node)
+        node = intruder.node
+        assert node.nursery is not None
+        for service in (intruder.registry, intruder.crdt, intruder.checkpoints):
+            await node.nursery.start(service.run, node.node)
+        await node.connect(creator.node.peer_id, creator.node.listen_addr)
+        await intruder.crdt.open_run(self.manifest)
+        await intruder.crdt.pull(str(creator.node.peer_id), self.run_id)
+        if intruder.kind == "sybil":
+            await adversaries.attest_bogus_checkpoints(intruder.crdt, self.run_id, until_round=self.config.rounds)
+        else:
+            await adversaries.commit_bombs(intruder.crdt, self.run_id, node.identity.public_key,
+                                           intruder.checkpoints.directory, payload_bytes=self.config.payload_bytes,
+                                           until_round=self.config.rounds)
+
     async def _start(self, member: _Member) -> None:
         await self.sim.start(member.node)
         assert member.node.nursery is not None
@@ -181,6 +226,8 @@ class _Run:
                 for kind in rest[1:]:
                     joins.start_soon(self._join, self._add(kind), creator, self.rng.uniform(0, self.config.join_window))
             self.progress(f"t={trio.current_time():.1f}s: all {len(self.members)} nodes joined")
+            for kind in ["sybil"] * self.config.sybils + ["bomber"] * self.config.bombers:
+                nursery.start_soon(self._intrude, self._add_intruder(kind), creator)
             if self.config.churn:
                 nursery.start_soon(self._churn, creator)
             await trio.sleep(self.config.run_timeout)
