@@ -8,6 +8,8 @@ peer. The sans-IO bookkeeping (`dataplane_sessions`) is tested first.
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import pytest
 import trio
@@ -26,8 +28,9 @@ from locomesh.node.peer_scores import PeerScores
 from locomesh.node.runtime import Node
 from locomesh.node.streams import write_frame
 from locomesh.protocol import encode
-from locomesh.protocol.kinds import CKPT_DATAPLANE_HELLO, CKPT_DATAPLANE_OFFER
+from locomesh.protocol.kinds import CKPT_DATAPLANE_HELLO, CKPT_DATAPLANE_OFFER, CKPT_REPLY
 from locomesh.training.checkpoint import load_checkpoint, write_checkpoint
+from locomesh.training.checkpoint_manifest import manifest_path
 
 LOOPBACK = [Multiaddr("/ip4/127.0.0.1/tcp/0")]
 MiB = 1024 * 1024
@@ -207,6 +210,40 @@ async def test_a_peer_announcing_a_huge_frame_is_cut_off_before_the_provider_buf
     assert cut_off, f"the provider took {PUSHED} bytes of a frame announcing {HUGE}"
     assert provider.metrics["locomesh_protocol_errors_total"].get(code="too-large") == 1
     assert service.scores.get(attacker.peer_id).strikes == 1
+
+
+async def test_a_provider_announcing_a_huge_frame_is_cut_off_and_the_asker_falls_back_to_libp2p(
+    tmp_path, identity_factory, caplog,
+):
+    """The provider tells the asker the manifest's true size in a signed reply, then announces a frame of
+    120 MiB: the asker refuses it from its header, strikes the provider, and downloads over libp2p."""
+    checkpoint_id = _checkpoint(tmp_path / "provider")
+    manifest_size = manifest_path(tmp_path / "provider", checkpoint_id).stat().st_size
+    provider = Node.create(identity_factory(53), listen_addrs=LOOPBACK,
+                           services=[CheckpointService(tmp_path / "provider", dataplane=False)])
+    asker = Node.create(identity_factory(54), listen_addrs=LOOPBACK)
+    cut_off: list[bool] = []
+
+    async def lying_serve(stream, peer_id: str) -> None:
+        await wire.next_request(stream, peer_id, idle_timeout=10)
+        reply = encode(provider.identity, CKPT_REPLY.name, {"status": wire.OK, "size": manifest_size})
+        await write_frame(stream, reply, timeout=10)
+        cut_off.append(await _push_after_huge_header(stream._tcp))
+
+    scores = PeerScores()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(provider.run)
+        await nursery.start(asker.run)
+        await nursery.start(DataPlaneServer("127.0.0.1", lying_serve).run, provider)
+        with caplog.at_level(logging.INFO, logger="locomesh.node.checkpoint_download"):
+            with trio.fail_after(20):  # under the 30 s an asker waits for a frame
+                await _download(asker, tmp_path / "asker", checkpoint_id, [provider.listen_addresses()[0]], scores)
+        nursery.cancel_scope.cancel()
+    assert cut_off == [True], "the asker took bytes of a frame larger than the reply it was told"
+    assert scores.get(provider.peer_id).strikes == 1
+    assert sum("using libp2p streams" in record.getMessage() for record in caplog.records) == 1
+    loaded, _ = load_checkpoint(tmp_path / "asker", checkpoint_id)
+    assert loaded["w"].shape == (6000,)
 
 
 async def test_one_peer_cannot_hold_more_than_its_share_of_authenticated_connections(tmp_path, identity_factory):
