@@ -122,49 +122,75 @@ class DownloadProgress:
         return round(end - self.started_at, 4)
 
 
+@dataclass
+class _Route:
+    """How one download reaches one provider, shared by all its sessions to it: on `auto`, the data
+    plane until it fails once, then libp2p streams (so the failure is logged once per provider)."""
+
+    transport: str
+
+
 class ProviderSession:
     """One stream to one provider, opened on first use and reopened after a failure.
 
     `transport`: ``"dataplane"`` (sealed TCP, see `dataplane`), ``"libp2p"``
-    (a Yamux stream), or ``"auto"``: the data plane, falling back to libp2p
-    for good if the provider has none or it cannot be reached. A data plane
-    stream is taken from the node's `StreamPool` when one is idle there, and
-    given back to it by `close` (stream_pool.py says why).
+    (a Yamux stream), or ``"auto"``: the data plane, and libp2p streams to
+    this provider for the rest of the download once the data plane has failed
+    there (no data plane, refused, reset, timed out, a bad answer). A data
+    plane stream is taken from the node's `StreamPool` when one is idle there,
+    and given back to it by `close` (stream_pool.py says why). A provider
+    whose authenticated data plane connection sends an oversized or unopenable
+    frame is struck in `scores`.
     """
 
-    def __init__(self, node: Node, peer_id: str, address: Multiaddr | None, transport: str = "auto") -> None:
+    def __init__(
+        self, node: Node, peer_id: str, address: Multiaddr | None, transport: str = "auto", *,
+        scores: PeerScores | None = None, route: _Route | None = None,
+    ) -> None:
         if transport not in TRANSPORTS:
             raise ValueError(f"transport must be one of {TRANSPORTS}, not {transport!r}")
-        self.node, self.peer_id, self.address, self.transport = node, peer_id, address, transport
+        self.node, self.peer_id, self.address, self.scores = node, peer_id, address, scores
+        self._route = route or _Route(transport)
         self._stream: Any = None
         self._untried = False  # the stream came from the pool and has answered no request yet
 
+    @property
+    def transport(self) -> str:
+        return self._route.transport
+
     def sibling(self) -> ProviderSession:
-        """Another session to the same provider (its own stream), keeping what this one learned."""
-        return ProviderSession(self.node, self.peer_id, self.address, self.transport)
+        """Another session to the same provider (its own stream), sharing its route."""
+        return ProviderSession(
+            self.node, self.peer_id, self.address, self.transport, scores=self.scores, route=self._route
+        )
 
     async def _open(self, *, pooled: bool = True) -> Any:
-        if self.transport != "libp2p":
-            stream = await self.node.stream_pool.take(self.peer_id) if pooled else None
-            self._untried = stream is not None
-            if stream is not None:
-                return stream
-            try:
-                return await open_sealed_stream(self.node, self.peer_id, host_hint=_host_of(self.address))
-            except (ProtocolError, DialError, OSError, trio.TooSlowError) as error:
-                if self.transport == "dataplane":
-                    raise
-                logger.info("no data plane to %s (%s); using libp2p streams", self.peer_id, error)
-                self.transport = "libp2p"
-        return await self.node.open_stream(self.peer_id, [wire.PROTOCOL_ID])
+        if self.transport == "libp2p":
+            return await self.node.open_stream(self.peer_id, [wire.PROTOCOL_ID])
+        stream = await self.node.stream_pool.take(self.peer_id) if pooled else None
+        self._untried = stream is not None
+        return stream or await open_sealed_stream(self.node, self.peer_id, host_hint=_host_of(self.address))
 
     async def ask(self, checkpoint_id: bytes, index: int | None, *, max_size: int) -> wire.Reply:
-        """One request and its answer; any failure resets the stream and propagates. A stream
-        from the pool that fails its first request (it may have died while idle) is replaced by
-        a fresh one, once."""
+        """One request and its answer; any failure resets the stream and propagates, except that on
+        `auto` a failure of the data plane moves this provider to libp2p streams (`_Route`) and the
+        request is asked again there."""
+        if self._stream is None:
+            await self._connect()  # the libp2p connection: both transports need it
+        on_dataplane = self.transport == "auto"
+        try:
+            return await self._ask(checkpoint_id, index, max_size)
+        except Exception as error:
+            if not (on_dataplane and _is_transport_failure(error)):
+                raise
+            self._fall_back(error)
+        return await self._ask(checkpoint_id, index, max_size)
+
+    async def _ask(self, checkpoint_id: bytes, index: int | None, max_size: int) -> wire.Reply:
+        """The request on this session's stream, opened if need be. A stream from the pool that fails
+        its first request (it may have died while idle) is replaced by a fresh one, once."""
         try:
             if self._stream is None:
-                await self._connect()
                 self._stream = await self._open()
             try:
                 reply = await self._request(checkpoint_id, index, max_size)
@@ -179,6 +205,15 @@ class ProviderSession:
         except BaseException:
             await self.close(reset=True)
             raise
+
+    def _fall_back(self, error: Exception) -> None:
+        """Use libp2p streams to this provider from now on; say so once; strike a bad frame."""
+        code = error_code(error)
+        if code in ("too-large", "bad-frame") and self.scores is not None:  # on a connection that proved its keys
+            self.scores.strike(self.peer_id, f"data plane: {error}")
+        if self._route.transport == "auto":
+            logger.info("data plane to %s failed (%s); using libp2p streams", self.peer_id, str(error) or code)
+        self._route.transport = "libp2p"
 
     async def _connect(self) -> None:
         if self.address is not None and self.peer_id not in self.node.peers:
@@ -207,6 +242,11 @@ class ProviderSession:
                 await self.node.stream_pool.give(self.peer_id, stream)
             else:
                 await close_quietly(stream)
+
+
+def _is_transport_failure(error: Exception) -> bool:
+    """A failure of the stream or of what came on it (a refusal, a reset, a timeout, bad input), not a bug here."""
+    return isinstance(error, (DialError, OSError)) or error_code(error) != "internal"
 
 
 def _host_of(address: Multiaddr | None) -> str | None:
@@ -267,7 +307,8 @@ async def download_checkpoint(
         progress.chunks_stored = len(local.chunks)
         return local
     sessions = {
-        peer: ProviderSession(node, peer, address, transport) for peer, address in map(parse_provider, providers)
+        peer: ProviderSession(node, peer, address, transport, scores=scores)
+        for peer, address in map(parse_provider, providers)
     }
     try:
         manifest = await _fetch_manifest(sessions, checkpoint_id, scores, limits)

@@ -94,6 +94,7 @@ class CheckpointService:
         self.downloads: dict[bytes, DownloadProgress] = {}
         self._cancel_scopes: dict[bytes, trio.CancelScope] = {}
         self.scores: PeerScores | None = None
+        self.dataplane_server: DataPlaneServer | None = None
         self._node: Node | None = None
         self._nursery: trio.Nursery | None = None
 
@@ -114,7 +115,8 @@ class CheckpointService:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             if self.dataplane:
-                await nursery.start(DataPlaneServer(_listen_host(node), self.serve_requests).run, node)
+                self.dataplane_server = DataPlaneServer(_listen_host(node), self.serve_requests, scores=self.scores)
+                await nursery.start(self.dataplane_server.run, node)
             if self._discovery is not None:
                 nursery.start_soon(self._announce_installed)
             task_status.started()

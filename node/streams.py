@@ -98,6 +98,7 @@ async def read_frame_or_eof(stream: ByteStream, *, max_size: int, timeout: float
 
     For loops that read frames until the peer is done.
     """
+    _limit_frames(stream, FRAME_HEADER_SIZE + max_size)
     with _deadline(timeout, "reading a frame"):
         header = await _read_exactly(stream, FRAME_HEADER_SIZE, allow_eof=True)
         if header is None:
@@ -108,6 +109,15 @@ async def read_frame_or_eof(stream: ByteStream, *, max_size: int, timeout: float
         payload = await _read_exactly(stream, size, allow_eof=False)
         assert payload is not None
         return payload
+
+
+def _limit_frames(stream: ByteStream, size: int) -> None:
+    """Tell a stream that frames its bytes itself (the data plane's `SealedStream`) that the frames it
+    opens next may hold `size` bytes at most: a larger one is refused from its header, before the
+    stream buffers any of it (so the cap here holds for what the stream buffers, too)."""
+    limit = getattr(stream, "limit_frames", None)
+    if limit is not None:
+        limit(size)
 
 
 async def _read_exactly(stream: ByteStream, size: int, *, allow_eof: bool) -> bytes | None:

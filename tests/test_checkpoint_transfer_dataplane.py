@@ -169,7 +169,7 @@ async def test_a_sealed_stream_carries_frames_between_two_hosts_and_is_used_once
         await write_frame(sealed, payload, timeout=10)
         assert await read_frame(sealed, max_size=1 << 22, timeout=10) == payload
         await sealed.close()
-        assert seen_peers == [client.peer_id] and server._pending == []
+        assert seen_peers == [client.peer_id] and server.sessions.pending == []
 
         # A connection whose first frame opens under no pending session is dropped, unanswered, and counted.
         errors = server_node.metrics["locomesh_protocol_errors_total"]
