@@ -117,6 +117,7 @@ class _Round:
     arrivals: dict[Author, float] = field(default_factory=dict)  # others' commits: when first seen
     fetched: set[Author] = field(default_factory=set)
     failed: set[Author] = field(default_factory=set)
+    failures: dict[Author, int] = field(default_factory=dict)  # failed fetches of each author's payload
     refetches: dict[Author, int] = field(default_factory=dict)  # failed fetches while following a proposal
     refetch_at: dict[Author, float] = field(default_factory=dict)  # not asked for again before then
     closed_at: float = 0.0  # when our own cut happened
@@ -266,14 +267,18 @@ class RoundMachine:
         return actions + self._maybe_close(done.now)
 
     def _fetched(self, done: Fetched) -> list[Action]:
-        (self.current.fetched if done.ok else self.current.failed).add(done.author)
+        work = self.current
+        (work.fetched if done.ok else work.failed).add(done.author)
+        if not done.ok:  # failures before the proposal count too: the payload's author withheld it then
+            work.failures[done.author] = work.failures.get(done.author, 0) + 1
         if self.phase is Phase.COLLECT:
             return self._maybe_close(done.now)
-        if self.phase is Phase.PROPOSE and self.current.chosen is not None:
+        if self.phase is Phase.PROPOSE and work.chosen is not None:
             if done.ok:
                 return self._aggregate_if_ready()
-            if self._pause_refetch(done.author, done.now) >= ABANDON_AFTER:
+            if work.failures[done.author] >= ABANDON_AFTER and done.author in work.chosen:
                 return self._abandon(done.now)
+            self._pause_refetch(done.author, done.now)
         return []
 
     def _abandon(self, now: float) -> list[Action]:
@@ -447,13 +452,11 @@ class RoundMachine:
                 actions.append(Fetch(work.number, author, payload_id, size))
         return actions
 
-    def _pause_refetch(self, author: Author, now: float) -> int:
-        """A fetch of the followed set failed: ask again after RETRY_SECONDS, doubled per failure.
-        How many times it failed so far."""
+    def _pause_refetch(self, author: Author, now: float) -> None:
+        """A fetch of the followed set failed: ask again after RETRY_SECONDS, doubled per failure."""
         work = self.current
         failures = work.refetches[author] = work.refetches.get(author, 0) + 1
         work.refetch_at[author] = now + min(RETRY_SECONDS * 2 ** (failures - 1), MAX_REFETCH_PAUSE)
-        return failures
 
     def _aggregate_if_ready(self) -> list[Action]:
         work = self.current

@@ -48,7 +48,7 @@ def test_every_node_ends_with_the_same_state(small_report):
 
 def test_compute_share_is_training_over_elapsed(small_report):
     for row in small_report["tables"][1]["rows"]:
-        name, kind, end, done, synced, compute_seconds, share = row
+        name, kind, end, done, synced, compute_seconds, share, _held = row
         assert end == "up" and done == 3
         assert compute_seconds >= 3 * 2.0  # three rounds of 4 x 0.5 s, at least
         assert 0 < share < 1

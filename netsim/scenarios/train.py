@@ -105,6 +105,8 @@ class _Member:
     registry: RunRegistryService
     rounds: RoundService
     compute: SimCompute
+    crdt: CrdtService
+    checkpoints: CheckpointService
     services: tuple = ()  # started in this order on the node
     crashed: bool = False
     done_at: dict[int, float] = field(default_factory=dict)  # round -> when we saw it finished here
@@ -164,7 +166,7 @@ class _Run:
         compute = SimCompute()
         rounds = RoundService(registry, crdt, checkpoints, participant_factory=participant, compute=compute,
                               offload=run_inline)
-        member = _Member(index, node, kind, registry, rounds, compute, (registry, crdt, checkpoints, rounds))
+        member = _Member(index, node, kind, registry, rounds, compute, crdt, checkpoints, (registry, crdt, checkpoints, rounds))
         self.members.append(member)
         return member
 
@@ -388,15 +390,23 @@ class _Run:
             share = self._share(member)
             synced = sum(1 for r in (member.participation(self.run_id) or _Empty()).history if r.synced)
             rows.append([member.name, member.kind, "crashed" if member.crashed else "up", len(member.done_at), synced,
-                         round(member.compute.seconds_between(0.0, trio.current_time()), 3), _rounded(share)])
+                         round(member.compute.seconds_between(0.0, trio.current_time()), 3), _rounded(share),
+                         round(self._held_bytes(member) / 1024, 1)])
         return table(
             "Nodes",
-            ["node", "kind", "end", "rounds done", "synced", "compute s", "compute share"],
+            ["node", "kind", "end", "rounds done", "synced", "compute s", "compute share", "held KiB"],
             rows,
             note="Compute s: all modelled training, thrown-away rounds included. Compute share: the training "
                  "of the payloads the node committed in the run's rounds over the virtual seconds from its "
-                 "first training to the last round.",
+                 "first training to the last round. Held: what the node keeps of the run that peers sent or "
+                 "made it keep (CRDT ops applied and waiting, checkpoint store files).",
         )
+
+    def _held_bytes(self, member: _Member) -> int:
+        replica = member.crdt.replicas.get(self.run_id)
+        ops = 0 if replica is None else sum(len(replica.get(op) or b"") for op in replica.op_ids()) + replica.pending.bytes
+        store = member.checkpoints.directory
+        return ops + sum(path.stat().st_size for path in store.rglob("*") if path.is_file())
 
 
 class _Empty:
