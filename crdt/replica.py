@@ -172,7 +172,7 @@ class Replica:
             receipt.duplicate = True
             return receipt
         if receipt.id in self._rejected:
-            raise self._rejected[receipt.id]
+            raise _copy(self._rejected[receipt.id])
         op = decode_wire(wire, self.run_id, self._seals)
         try:
             self._take(op, receipt)
@@ -292,7 +292,9 @@ class Replica:
                 queue.append(op.id)
 
     def _reject(self, op: OpId, error: ProtocolError) -> ProtocolError:
-        self._rejected[op] = error
+        # A copy: a raised error's traceback holds the frames that raised it, the op among them,
+        # and a remembered rejection must cost its ID and a line of text, not the op.
+        self._rejected[op] = _copy(error)
         if len(self._rejected) > self._max_rejected:
             self._rejected.popitem(last=False)
         return error
@@ -330,3 +332,8 @@ class Replica:
         parents first (by depth, then ID)."""
         need = self.ancestry(want) - self.ancestry(have)
         return [i for _depth, i in sorted((self.facts.ops[i][2], i) for i in need if i in self._data)]
+
+
+def _copy(error: ProtocolError) -> ProtocolError:
+    """`error` again, without a traceback (nor the frames it holds)."""
+    return ProtocolError(error.code, error.reason)
