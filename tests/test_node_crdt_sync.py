@@ -44,7 +44,7 @@ def fill(service: CrdtService, run_id: bytes, identity, count: int) -> None:
     replica = service.replicas[run_id]
     replica.create(identity, "join", round=1)
     for i in range(count - 1):
-        replica.create(identity, "attest", round=0, id=(i % 251).to_bytes(32, "big"), size=i)
+        replica.create(identity, "attest", round=i // 4, id=(i % 251).to_bytes(32, "big"), size=i)  # 4 a round: the cap
 
 
 async def _backlog_reaches_a_newcomer(nursery, identity_factory, count: int) -> None:
