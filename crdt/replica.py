@@ -267,6 +267,8 @@ class Replica:
         if op.seq > self._newest.get(op.author, (0, b""))[0]:
             self._newest[op.author] = (op.seq, op.id)
         self._state = None
+        for sink in self.sinks:
+            sink(op.data)
         for listener in self.listeners:
             listener()
 

@@ -25,8 +25,9 @@ async def wait_for(condition, timeout: float = 20.0) -> None:
             await trio.sleep(0.05)
 
 
-async def start_node(nursery, identity, *, bootstrap=(), sync_interval: float = 1.0) -> tuple[Node, CrdtService]:
-    service = CrdtService(sync_interval=sync_interval)
+async def start_node(nursery, identity, *, bootstrap=(), sync_interval: float = 1.0,
+                     service: CrdtService | None = None) -> tuple[Node, CrdtService]:
+    service = service or CrdtService(sync_interval=sync_interval)
     node = Node.create(identity, listen_addrs=LOOPBACK, services=[service], bootstrap=list(bootstrap),
                        rng=random.Random(1))
     await nursery.start(node.run)
