@@ -163,30 +163,38 @@ def test_a_banned_key_is_shown_banned_and_cannot_join_again(tmp_path):
 
 
 def test_a_volunteer_killed_after_its_commit_restarts_unbanned_and_trains_on(tmp_path):
-    """Three daemons (every vote needed for a quorum); one is killed with SIGKILL just after its
-    commit and started again on its data dir: it must not be banned, and must train on."""
+    """Three daemons (every vote is needed for a quorum); one is killed with SIGKILL just after its
+    commit and started again on its data dir while the others are frozen (SIGSTOP: its network is
+    not back yet), so all it knows of its own chain when it takes up the run is what its disk kept.
+    Once the others run again it must not be banned, and must train on."""
     log = open(tmp_path / "daemons.log", "wb")
     daemons = start_swarm(tmp_path, 3, log=log)
-    victim = daemons[2]
+    victim, others = daemons[2], daemons[:2]
     restarted = None
     try:
         wait_connected(daemons)
         run_id = create_run(daemons[0], {"inner_steps": 4, "round_deadline_s": ROUND_DEADLINE, "min_peers": 3})
         join_all(daemons, run_id)
+        bootstrap = daemons[0].rpc().call("node.status")["listen_addrs"][:1]
         status = _wait_status(victim, run_id, lambda s: s["round"] >= 1 and s["phase"] in ("collect", "propose",
                                                                                           "voted"), 180)
         killed_in = status["round"] + 1
         victim.process.send_signal(signal.SIGKILL)
         victim.wait()
-        bootstrap = daemons[0].rpc().call("node.status")["listen_addrs"][:1]
+        for daemon in others:
+            daemon.signal(signal.SIGSTOP)
         restarted = DaemonProcess(victim.data_dir, bootstrap=bootstrap, log=log,
-                                  env={**os.environ, "OMP_NUM_THREADS": "1"}).start()  # as start_swarm
+                                  env={**os.environ, "OMP_NUM_THREADS": "1"}).start()  # as start_swarm does
         restarted.wait_ready()
-        alive = [daemons[0], daemons[1], restarted]
+        _wait_status(restarted, run_id, lambda s: True, 60)  # the run is taken up again, alone
+        for daemon in others:
+            daemon.signal(signal.SIGCONT)
+        alive = [*others, restarted]
         final = _wait_all(alive, run_id, lambda s: _trained_after(s[2], killed_in) and min(x["certified"] for x in s)
-                          >= killed_in + 2, 240)
+                          >= killed_in + 2, 120)
     finally:
         for daemon in [*daemons, *([restarted] if restarted else [])]:
+            daemon.signal(signal.SIGCONT)
             if daemon.process is not None and daemon.process.poll() is None:
                 daemon.stop()
         log.close()
