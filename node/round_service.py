@@ -264,7 +264,8 @@ class RoundService:
 
     def _summary(self) -> dict[str, Any]:
         return {
-            short_run_id(run_id): {"phase": p.machine.phase.value, "round": p.machine.state_round}
+            short_run_id(run_id): {"phase": "banned" if p.banned else p.machine.phase.value,
+                                   "round": p.machine.state_round}
             for run_id, (p, _scope) in self.participations.items()
         }
 

@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
+from types import SimpleNamespace
 
 import trio
 from multiaddr import Multiaddr
@@ -24,8 +27,11 @@ from locomesh.cli.daemon_process import DaemonProcess
 from locomesh.cli.swarm_cmd import create_run, join, join_all, start_swarm, wait_connected
 from locomesh.crdt import Replica, encode_op, op_id
 from locomesh.node.crdt_service import CrdtService
+from locomesh.node import round_machine as rm
+from locomesh.node.checkpoint_download import run_inline
 from locomesh.node.datadir import IDENTITY_FILE
 from locomesh.node.op_log import OpLog, load_into
+from locomesh.node.run_participation import RunParticipation
 from locomesh.node.runtime import Node
 from locomesh.protocol import Identity
 from locomesh.protocol.runs import load_manifest, parse_run_id, sign_manifest
@@ -124,6 +130,24 @@ async def test_a_torn_or_damaged_op_log_loads_what_is_whole(tmp_path):
     assert again.op_ids() == {op_id(data) for data in ops}
 
 
+async def test_a_round_committed_before_a_restart_contributes_the_payload_committed_then(tmp_path):
+    """A second, different commitment for the round would be an equivocation: the participation
+    takes the payload it committed to from its store instead of training a new one."""
+    me = keys(1)[0]
+    replica = Replica(genesis(me))
+    replica.create(me, "join", round=1)
+    party = RunParticipation(SimpleNamespace(identity=me), None, replica,
+                             SimpleNamespace(settings=SimpleNamespace(delayed_updates=False)), tmp_path, scores=None,
+                             timing=rm.Timing(), offload=run_inline)
+    payload = bytes(range(256)) * 40
+    stored = party._store_payload(1, payload)
+    assert await party._committed_before(1) is None  # nothing committed: train as usual
+    replica.create(me, "commit", round=1, hash=stored.id, size=len(payload))
+    assert (await party._committed_before(1)).payload == payload
+    replica.create(me, "commit", round=2, hash=H2, size=len(payload))  # lost with the disk: nothing to reuse
+    assert await party._committed_before(2) is None
+
+
 # --- a ban is visible ----------------------------------------------------------------------------------
 
 
@@ -163,43 +187,84 @@ def test_a_banned_key_is_shown_banned_and_cannot_join_again(tmp_path):
 
 
 def test_a_volunteer_killed_after_its_commit_restarts_unbanned_and_trains_on(tmp_path):
-    """Three daemons (every vote is needed for a quorum); one is killed with SIGKILL just after its
-    commit and started again on its data dir while the others are frozen (SIGSTOP: its network is
-    not back yet), so all it knows of its own chain when it takes up the run is what its disk kept.
-    Once the others run again it must not be banned, and must train on."""
+    """Four daemons; one is killed with SIGKILL just after its commit and started again on its data
+    dir before its network is back (its bootstrap peer is reached through a forwarder that only
+    opens once the run is taken up), so all it knows of its own chain then is what its disk kept.
+    It must not be banned, and must train on. (With three daemons every vote is needed, and a
+    proposal the restarted node makes before it sees the others' can split the round's votes for
+    good: rounds have no timeout yet.)"""
     log = open(tmp_path / "daemons.log", "wb")
-    daemons = start_swarm(tmp_path, 3, log=log)
-    victim, others = daemons[2], daemons[:2]
+    daemons = start_swarm(tmp_path, 4, log=log)
+    victim = daemons[3]
     restarted = None
+    first = daemons[0].rpc().call("node.status")
+    network = Forwarder(int(first["listen_addrs"][0].split("/tcp/")[1].split("/")[0]))
     try:
         wait_connected(daemons)
-        run_id = create_run(daemons[0], {"inner_steps": 4, "round_deadline_s": ROUND_DEADLINE, "min_peers": 3})
+        run_id = create_run(daemons[0], {"inner_steps": 4, "round_deadline_s": ROUND_DEADLINE, "min_peers": 4})
         join_all(daemons, run_id)
-        bootstrap = daemons[0].rpc().call("node.status")["listen_addrs"][:1]
         status = _wait_status(victim, run_id, lambda s: s["round"] >= 1 and s["phase"] in ("collect", "propose",
                                                                                           "voted"), 180)
         killed_in = status["round"] + 1
         victim.process.send_signal(signal.SIGKILL)
         victim.wait()
-        for daemon in others:
-            daemon.signal(signal.SIGSTOP)
+        bootstrap = [f"/ip4/127.0.0.1/tcp/{network.port}/p2p/{first['peer_id']}"]
         restarted = DaemonProcess(victim.data_dir, bootstrap=bootstrap, log=log,
                                   env={**os.environ, "OMP_NUM_THREADS": "1"}).start()  # as start_swarm does
         restarted.wait_ready()
         _wait_status(restarted, run_id, lambda s: True, 60)  # the run is taken up again, alone
-        for daemon in others:
-            daemon.signal(signal.SIGCONT)
-        alive = [*others, restarted]
-        final = _wait_all(alive, run_id, lambda s: _trained_after(s[2], killed_in) and min(x["certified"] for x in s)
+        network.open()
+        alive = [*daemons[:3], restarted]
+        final = _wait_all(alive, run_id, lambda s: _trained_after(s[3], killed_in) and min(x["certified"] for x in s)
                           >= killed_in + 2, 120)
     finally:
         for daemon in [*daemons, *([restarted] if restarted else [])]:
-            daemon.signal(signal.SIGCONT)
             if daemon.process is not None and daemon.process.poll() is None:
                 daemon.stop()
+        network.close()
         log.close()
     assert not any(s.get("banned") for s in final), [s.get("ban_reason") for s in final]
-    assert all(s["members"] == 3 for s in final)
+    assert all(s["members"] == 4 for s in final)
+
+
+class Forwarder:
+    """A TCP forwarder on loopback to `target_port` whose port refuses connections until `open()`."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.server = socket.socket()
+        self.server.bind(("127.0.0.1", 0))  # bound, not listening: a connection is refused
+        self.port = self.server.getsockname()[1]
+        self.sockets: list[socket.socket] = [self.server]
+
+    def open(self) -> None:
+        self.server.listen()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def close(self) -> None:
+        for sock in self.sockets:
+            sock.close()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                inbound, _address = self.server.accept()
+                outbound = socket.create_connection(("127.0.0.1", self.target_port), timeout=5)
+            except OSError:
+                return
+            outbound.settimeout(None)
+            self.sockets += [inbound, outbound]
+            for source, sink in ((inbound, outbound), (outbound, inbound)):
+                threading.Thread(target=_pump, args=(source, sink), daemon=True).start()
+
+
+def _pump(source: socket.socket, sink: socket.socket) -> None:
+    try:
+        while data := source.recv(65536):
+            sink.sendall(data)
+        sink.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass
 
 
 def _trained_after(status: dict, round_number: int) -> bool:
