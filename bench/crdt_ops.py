@@ -53,20 +53,23 @@ def make_history(count: int, per_seal: int) -> tuple[Genesis, list[bytes]]:
     turn = 0
     while len(ops) < count:
         member = MEMBERS[turn % len(MEMBERS)]
-        specs = [_op_spec(source, len(ops) + k) for k in range(min(per_seal, count - len(ops)))]
+        written = turn // len(MEMBERS) * per_seal  # ops this member wrote before this batch
+        specs = [_op_spec(len(ops) + k, written + k) for k in range(min(per_seal, count - len(ops)))]
         ops += source.create_batch(member, specs)
         turn += 1
     return genesis, ops
 
 
-def _op_spec(source: Replica, i: int) -> tuple[str, dict]:
-    """The i-th op of the history: a vote one in 10, a checkpoint one in 50, else an attestation."""
-    if i % 10 == 0:
-        round_ = source.state.round + 1
+def _op_spec(i: int, own: int) -> tuple[str, dict]:
+    """The i-th op of the history, the `own`-th of its author: a vote one in 10, a checkpoint one in
+    50, else an attestation. An author's ops name a round four at a time (crdt/limits.py caps what
+    one author writes per round), and every member votes the same hash for a round."""
+    round_ = own // 4 + 1
+    if i % 10 == 0 and own % 4 == 0:
         return "vote", {"round": round_, "hash": round_.to_bytes(32, "big")}
     if i % 50 == 1:
-        return "checkpoint", {"round": source.state.round, "id": i.to_bytes(32, "big"), "size": i}
-    return "attest", {"round": 0, "id": (i % 7).to_bytes(32, "big"), "size": 7}
+        return "checkpoint", {"round": round_, "id": i.to_bytes(32, "big"), "size": i}
+    return "attest", {"round": round_, "id": (i % 7).to_bytes(32, "big"), "size": 7}
 
 
 def apply_all(genesis: Genesis, ops: list[bytes]) -> Replica:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from locomesh.protocol import ProtocolError
 
+from .facts import Facts
 from .ops import Op, decode_op
 
 REASONS = ("fork", "double-vote", "double-commit", "double-propose")  # the order `evidence_fields` tries them in
@@ -64,4 +65,23 @@ def evidence_fields(a: Op, b: Op) -> dict | None:
         if conflict(reason, a, b):
             first, second = sorted((a.data, b.data))
             return {"reason": reason, "a": first, "b": second}
+    return None
+
+
+def ban_reason(facts: Facts, author: bytes) -> str | None:
+    """Why the facts ban `author` (view.py's rule), in words; None if they do not."""
+    if author in facts.forked:
+        return "fork: two different ops at one place in its chain"
+    if author in facts.equivocated:
+        for name, rows in (("vote", facts.votes), ("payload commitment", facts.commits), ("proposal", facts.proposals)):
+            said: dict[int, int] = {}  # round -> how many different statements
+            for row in rows:
+                if row[0] == author:
+                    said[row[1]] = said.get(row[1], 0) + 1
+            double = sorted(r for r, count in said.items() if count > 1)
+            if double:
+                return f"double {name}: two different ones for round {double[0]}"
+        return "equivocation: two different statements for one round"
+    if author in facts.convicted:
+        return "convicted by evidence of an equivocation seen elsewhere"
     return None

@@ -6,8 +6,9 @@ and a dict lookup, which is the cache of verified op IDs; the other ops of a sea
 skip the signature check (`SealCache`). If all its dependencies are applied, it is applied
 now; otherwise it waits in the bounded pending buffer (pending.py) and every op it releases
 is applied in turn. Applying checks what depends on the causal past (the `seq` rule,
-evidence), records the op's facts (facts.py) and updates the heads. An authenticated op that
-fails is rejected with a `ProtocolError`, remembered by ID (bounded), and every op waiting on
+evidence, and what one author may write: members only, a few ops per round, rounds close to
+the run's; limits.py), records the op's facts (facts.py) and updates the heads. An
+authenticated op that fails is rejected with a `ProtocolError`, remembered by ID (bounded), and every op waiting on
 it is rejected too; bytes that fail before their seal proved the author are refused and
 forgotten, since the ID names only the content and a good copy may follow. No step reads a
 clock or depends on arrival order, so two replicas holding the same ops hold the same facts
@@ -35,6 +36,7 @@ from locomesh.protocol.kinds import MAX_PARENTS
 from .evidence import guilty_author
 from .facts import Facts
 from .genesis import Genesis
+from .limits import Limits
 from .ops import Op, OpId, content_id, decode_op, decode_wire, op_content, parse_wire, seal_ops
 from .pending import PendingBuffer
 from .seal import SealCache
@@ -79,10 +81,14 @@ class Replica:
         self._max_rejected = max_rejected
         self._seen_seq: dict[tuple[bytes, int], OpId] = {}  # first op per (author, seq), applied or waiting
         self._newest: dict[bytes, tuple[int, OpId]] = {}  # author -> its newest applied (seq, id)
+        self.limits = Limits()  # what each author may still write (limits.py)
         self._state: RunState | None = None
         self._seals = SealCache()
         # Called (no arguments) after every op applied: how a reader waits for news without polling.
         self.listeners: list[Callable[[], None]] = []
+        # Called with the bytes of every op applied, in the order applied (parents first): how a
+        # node keeps its replica on disk (node/op_log.py).
+        self.sinks: list[Callable[[bytes], None]] = []
 
     @classmethod
     def from_facts(cls, genesis: Genesis, facts: Facts, heads: list[OpId], **limits: int) -> Replica:
@@ -93,6 +99,7 @@ class Replica:
         """
         replica = cls(genesis, **limits)
         replica.facts = facts
+        replica.limits = Limits.covering(facts)
         replica._heads = set(heads)
         for op, (author, seq, _depth) in facts.ops.items():
             replica._seen_seq.setdefault((author, seq), op)
@@ -187,7 +194,7 @@ class Replica:
             receipt.duplicate = True
             return receipt
         if receipt.id in self._rejected:
-            raise self._rejected[receipt.id]
+            raise _copy(self._rejected[receipt.id])
         op = decode_wire(wire, self.run_id, self._seals)
         try:
             self._take(op, receipt)
@@ -222,14 +229,18 @@ class Replica:
 
         The first op goes on top of our heads, each next one on top of the one before (its
         only parent), so the batch is one stretch of the author's chain. At most
-        `MAX_SEAL_OPS` ops (`ValueError` beyond); every op is checked before any is sealed.
+        `MAX_SEAL_OPS` ops (`ValueError` beyond); every op is checked before any is sealed
+        (`ProtocolError` if one breaks the genesis rules or the limits, limits.py).
         """
         author = identity.public_key
         seq, newest = self._newest.get(author, (0, None))
         parents = self._parents_for(newest)
+        link, horizon = None if newest is None else self.limits.link(newest), self.limits.horizon(parents)
         contents = []
         for op_type, fields in ops:
             self._check_writer(author, op_type)
+            link = self.limits.next_link(op_type, fields, link, horizon)
+            horizon = link.horizon
             seq += 1
             contents.append(op_content(author, self.run_id, f"crdt.{op_type}", parents, seq, **fields))
             parents = [content_id(contents[-1])]
@@ -256,12 +267,14 @@ class Replica:
         """Check what depends on the causal past, then record the op; raise if invalid."""
         try:
             depth = self._depth_checking_seq(op)
+            link = self.limits.check(op, self.facts.ops)
             convicts = None
             if op.type == "evidence":
                 convicts = guilty_author(op.body["reason"], op.body["a"], op.body["b"], self.run_id)
         except ProtocolError as error:
             raise self._reject(op.id, error) from None
         self.facts.add(op, depth, convicts)
+        self.limits.record(op.id, link)
         self._data[op.id] = op.data
         self._deps[op.id] = op.dependencies
         self._heads.difference_update(op.dependencies)
@@ -269,6 +282,8 @@ class Replica:
         if op.seq > self._newest.get(op.author, (0, b""))[0]:
             self._newest[op.author] = (op.seq, op.id)
         self._state = None
+        for sink in self.sinks:
+            sink(op.data)
         for listener in self.listeners:
             listener()
 
@@ -307,7 +322,9 @@ class Replica:
                 queue.append(op.id)
 
     def _reject(self, op: OpId, error: ProtocolError) -> ProtocolError:
-        self._rejected[op] = error
+        # A copy: a raised error's traceback holds the frames that raised it, the op among them,
+        # and a remembered rejection must cost its ID and a line of text, not the op.
+        self._rejected[op] = _copy(error)
         if len(self._rejected) > self._max_rejected:
             self._rejected.popitem(last=False)
         return error
@@ -345,3 +362,8 @@ class Replica:
         parents first (by depth, then ID)."""
         need = self.ancestry(want) - self.ancestry(have)
         return [i for _depth, i in sorted((self.facts.ops[i][2], i) for i in need if i in self._data)]
+
+
+def _copy(error: ProtocolError) -> ProtocolError:
+    """`error` again, without a traceback (nor the frames it holds)."""
+    return ProtocolError(error.code, error.reason)

@@ -100,7 +100,7 @@ class CheckpointService:
 
     async def run(self, node: Node, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         self._node = node
-        self.scores = PeerScores(node.metrics)
+        self.scores = node.scores
         self._served = node.metrics.counter(
             "locomesh_checkpoint_served_total", "Checkpoint requests answered, by answer.", labels=("answer",)
         )

@@ -15,11 +15,27 @@ The CRDT itself (`locomesh.crdt`) is pure; this service only moves bytes:
   while pulls find nothing; an op gossiped with parents still unknown `GAP_GRACE` seconds later
   (not merely overtaken by them in flight) makes it pull from that op's author at once. A
   server that sees the asker ahead of it pulls back.
+* **Limits per peer.** What a peer forwards by gossip is charged to it (`GOSSIP_RATE`: bytes,
+  plus `OP_COST` per op): past its budget a message is dropped (not applied, not forwarded) and
+  the peer scored against (node/peer_scores.py); so is a message with an invalid op. Anti-entropy
+  brings any honest op that was dropped. A peer gets at most `MAX_SERVED_PER_PEER` sync streams
+  served at once (`MAX_SERVED` in all) and `SERVE_RATE` bytes of answers. What one *author* may
+  write (members only, per-round caps) is the CRDT's rule (crdt/limits.py).
+* **On disk.** Every op applied is appended to the run's op log (node/op_log.py); this node's own
+  ops are synced to disk before they are published, the others' at least every `LOG_SYNC`
+  seconds. `open_run` loads the log into the replica before anything else, so a restarted node
+  signs its next op after its own newest one: reusing a place in its chain would be a fork, a ban.
+* **Writing** (`write`): never an op that contradicts what this node said before (a second,
+  different vote, commitment or proposal for a round: an equivocation), never one that repeats
+  it, never one the run's limits refuse; such a write is logged and skipped.
+* **Bans.** A ban of this node's own key is logged once as a warning, with its reason
+  (`ban_reason`); evidence is published only once a pull has completed since the run was opened
+  (our own chain is then what the peers hold too).
 * **RPC** ``run.state(run_id)``: the materialised state of a run this node replicates.
 
 Runs replicated: those created or joined in the data dir (`locomesh.node.run_store`), looked for
 again at every sync sweep, plus any given to `open_run`. Equivocations seen by this node are
-published as evidence ops. Ops are held in memory only (no persistence yet).
+published as evidence ops.
 """
 
 from __future__ import annotations
@@ -36,12 +52,16 @@ from libp2p.pubsub.pubsub import Pubsub
 from libp2p.tools.anyio_service import background_trio_service
 
 from locomesh.crdt import Genesis, Replica, evidence_fields
+from locomesh.crdt.evidence import ban_reason
+from locomesh.crdt.limits import earlier_statement
 from locomesh.crdt.sync import SYNC_KINDS, SyncPuller, SyncServer
 from locomesh.protocol import ProtocolError, decode, encode, peer_id_from_public_key, public_key_from_peer_id
 from locomesh.protocol.kinds import CRDT_OPS, MAX_BATCH_OPS
 from locomesh.protocol.runs import format_run_id, parse_run_id, short_run_id
 
 from .anti_entropy import FANOUT, MAX_INTERVAL, AntiEntropySchedule
+from .op_log import OpLog, load_into
+from .rate_limit import RateLimiter
 from .rpc import RpcError
 from .run_store import RunStore
 from .runtime import DialError, Node
@@ -57,6 +77,15 @@ GAP_GRACE = 1.0  # an op's missing parents may be a gossip hop behind it: wait t
 GOSSIP_FLUSH = 0.25
 GOSSIP_BATCH_BYTES = 512 * 1024  # GossipSub drops messages over 1 MiB without a word
 RUN_NOT_FOUND = -32004
+MiB = 1024 * 1024
+# Per peer. A peer forwards every run op once, so its gossip is the run's whole op rate: a
+# hundred members writing a few ops a round is tens of ops a second; a backlog goes by pulls.
+OP_COST = 512  # bytes an op is charged beyond its size: what parsing and checking it costs
+GOSSIP_BURST, GOSSIP_RATE = 8 * MiB, 1 * MiB  # charged bytes at once, and per second after that
+SERVE_BURST, SERVE_RATE = 64 * MiB, 8 * MiB  # sync answers: a newcomer's whole backlog at once
+MAX_SERVED_PER_PEER = 4  # sync streams served at once: one pull per run it shares with us
+MAX_SERVED = 64
+LOG_SYNC = 1.0  # seconds between syncs of the op logs to disk (others' ops)
 
 
 def topic_of(run_id: bytes) -> str:
@@ -69,16 +98,27 @@ class CrdtService:
     name = "crdt"
 
     def __init__(self, data_dir: str | os.PathLike | None = None, *, sync_interval: float = SYNC_INTERVAL,
-                 max_sync_interval: float = MAX_INTERVAL, sync_fanout: int = FANOUT) -> None:
+                 max_sync_interval: float = MAX_INTERVAL, sync_fanout: int = FANOUT,
+                 gossip_budget: tuple[int, int] = (GOSSIP_BURST, GOSSIP_RATE)) -> None:
+        """`data_dir` None: no run store and no op logs (ops in memory only). `gossip_budget`:
+        (burst, per second) of what one peer may forward, in charged bytes (module docstring)."""
+        self.data_dir = data_dir
         self.store = RunStore(data_dir) if data_dir is not None else None
+        self.gossip_budget = gossip_budget
         self.sync_interval = sync_interval
         self.max_sync_interval = max(sync_interval, max_sync_interval)
         self.sync_fanout = sync_fanout
         self.schedule: AntiEntropySchedule | None = None
         self._gaps: dict[tuple[str, bytes], tuple[float, bytes]] = {}  # (author, run) -> (since, op waiting)
         self.replicas: dict[bytes, Replica] = {}
+        self._logs: dict[bytes, OpLog] = {}
+        self._opening: dict[bytes, trio.Event] = {}  # runs being loaded: no caller sees one half loaded
+        self._bans: dict[bytes, str] = {}  # run -> why our own key is banned there
+        self._pulled: set[bytes] = set()  # runs pulled from a peer since they were opened
         self._outbox: dict[bytes, list[bytes]] = {}
         self._syncing: set[tuple[str, bytes]] = set()
+        self._served: dict[str, int] = {}  # peer -> sync streams being served to it
+        self._closing = False
         self._node: Node | None = None
         self._nursery: trio.Nursery | None = None
         self.pubsub: Pubsub | None = None
@@ -100,58 +140,129 @@ class CrdtService:
         self._sync_errors = node.metrics.counter(
             "locomesh_crdt_sync_failures_total", "Anti-entropy pulls that failed, by error code.", labels=("code",)
         )
-        async with background_trio_service(self.pubsub), background_trio_service(router):
-            await self.pubsub.wait_until_ready()
-            async with trio.open_nursery() as nursery:
-                self._nursery = nursery
-                await self._open_stored_runs()
-                nursery.start_soon(self._anti_entropy_loop)
-                nursery.start_soon(self._gossip_loop)
-                task_status.started()
+        self._dropped = node.metrics.counter(
+            "locomesh_crdt_gossip_dropped_total", "Gossip messages dropped, by reason.", labels=("reason",)
+        )
+        burst, rate = self.gossip_budget
+        self._gossip_limit = RateLimiter(trio.current_time, burst=burst, interval=1 / rate)
+        self._serve_limit = RateLimiter(trio.current_time, burst=SERVE_BURST, interval=1 / SERVE_RATE)
+        try:
+            async with background_trio_service(self.pubsub), background_trio_service(router):
+                await self.pubsub.wait_until_ready()
+                async with trio.open_nursery() as nursery:
+                    self._nursery = nursery
+                    await self._open_stored_runs()
+                    nursery.start_soon(self._anti_entropy_loop)
+                    nursery.start_soon(self._gossip_loop)
+                    task_status.started()
+        finally:
+            self._closing = True  # no more own ops: one not on disk must never be published
+            for run_id, log in self._logs.items():
+                self.replicas[run_id].sinks.remove(log.append)
+                _close_quietly(log)
 
     async def open_run(self, manifest: bytes) -> Replica:
-        """Start replicating the run of this signed manifest (idempotent); `ProtocolError` if invalid."""
+        """Start replicating the run of this signed manifest (idempotent); `ProtocolError` if invalid.
+
+        The run's op log is loaded first: no one (us included) sees the replica before it holds
+        every op this node applied in the run before."""
         genesis = Genesis.from_manifest(manifest)
-        if genesis.run_id in self.replicas:
-            return self.replicas[genesis.run_id]
+        run_id = genesis.run_id
+        while run_id not in self.replicas:
+            if run_id in self._opening:  # another caller is loading it: wait, then look again
+                await self._opening[run_id].wait()
+                continue
+            self._opening[run_id] = trio.Event()
+            try:
+                replica = Replica(genesis)
+                await self._load_log(replica)
+                self._watch_ban(replica)
+                await self._replicate(replica)
+            finally:
+                self._opening.pop(run_id).set()
+        return self.replicas[run_id]
+
+    async def _replicate(self, replica: Replica) -> None:
         assert self.pubsub is not None and self._nursery is not None, "the service is not running"
-        replica = self.replicas[genesis.run_id] = Replica(genesis)
+        genesis = replica.genesis
+        self.replicas[genesis.run_id] = replica
         self._outbox[genesis.run_id] = []
         topic = topic_of(genesis.run_id)
-        self.pubsub.set_topic_validator(topic, lambda _peer, message: self._on_gossip(replica, message.data), False)
+
+        def validate(forwarder: Any, message: Any) -> bool:
+            return self._on_gossip(replica, message.data, forwarder)
+
+        self.pubsub.set_topic_validator(topic, validate, False)
         subscription = await self.pubsub.subscribe(topic)
         self._nursery.start_soon(_drain, subscription)  # the validator already took the ops in
         if self.schedule is not None:
             self.schedule.behind(trio.current_time())  # its backlog: pulled at the next look
         logger.info("replicating run %s", short_run_id(genesis.run_id))
-        return replica
 
-    def write(self, run_id: bytes, op_type: str, **fields: Any) -> bytes:
-        """Write an op as this node into a replicated run; it is gossiped at the next flush."""
-        return self.write_batch(run_id, [(op_type, fields)])[0]
+    def write(self, run_id: bytes, op_type: str, **fields: Any) -> bytes | None:
+        """Write an op as this node into a replicated run; it is gossiped at the next flush.
+        None if it was not written (see `write_batch`)."""
+        written = self.write_batch(run_id, [(op_type, fields)])
+        return written[0] if written else None
 
     def write_batch(self, run_id: bytes, ops: list[tuple[str, dict[str, Any]]]) -> list[bytes]:
-        """Write several ops at once under one seal (one signature for peers to check), in order."""
+        """Write several ops at once under one seal (one signature for peers to check), in order,
+        synced to disk before anyone can have them. Nothing is written (and [] returned, the
+        reason logged) if one would repeat or contradict what this node said before, or break
+        the run's limits (crdt/limits.py). `OSError` if the op log cannot be synced."""
         assert self._node is not None
-        sealed = self.replicas[run_id].create_batch(self._node.identity, ops)
+        if self._closing:
+            logger.info("run %s: not writing %s: shutting down", short_run_id(run_id), [t for t, _f in ops])
+            return []
+        replica, me = self.replicas[run_id], self._node.identity.public_key
+        for op_type, fields in ops:
+            said = earlier_statement(replica.facts, me, op_type, fields)
+            if said is not None:
+                log = logger.warning if said == "conflict" else logger.info
+                what = "something else" if said == "conflict" else "it"
+                log("run %s: not writing a %s for round %s: we said %s before (a restart?)",
+                    short_run_id(run_id), op_type, fields.get("round"), what)
+                return []
+        try:
+            sealed = replica.create_batch(self._node.identity, ops)
+        except ProtocolError as error:
+            logger.warning("run %s: not writing %s: %s", short_run_id(run_id), [t for t, _f in ops], error)
+            return []
+        if run_id in self._logs:
+            self._logs[run_id].sync()  # durable before it is published (module docstring)
         self._outbox[run_id].extend(sealed)
         return sealed
 
+    def ban_reason(self, run_id: bytes) -> str | None:
+        """Why this node's key is banned in `run_id`, or None if it is not (or the run is not replicated)."""
+        return self._bans.get(run_id)
+
     # --- gossip -----------------------------------------------------------------------------
 
-    def _on_gossip(self, replica: Replica, data: bytes) -> bool:
-        """GossipSub validator: take in every op of a batch; forward the batch only if all are valid."""
+    def _on_gossip(self, replica: Replica, data: bytes, forwarder: Any = None) -> bool:
+        """GossipSub validator: take in every op of a batch; forward the batch only if all are valid.
+        What `forwarder` sends past its budget is dropped; it is scored for that and for invalid ops."""
+        peer = str(forwarder) if forwarder is not None else None
         try:
             envelope = decode(data, run=replica.run_id, kinds=frozenset({CRDT_OPS.name}))
         except ProtocolError as error:
             self._count(error)
+            self._strike(peer, f"gossip: {error.code}")
+            return False
+        ops = envelope.body["ops"]
+        charge = len(data) + OP_COST * len(ops)
+        if peer not in (None, self._node.peer_id) and not self._gossip_limit.allow(peer, charge):
+            self._dropped.inc(reason="over-rate")
+            self._strike(peer, "gossip over its rate limit")
             return False
         valid = True
-        for op in envelope.body["ops"]:
+        for op in ops:
             try:
                 receipt = replica.add(op)
             except ProtocolError as error:
                 self._count(error)
+                if valid:
+                    self._strike(peer, f"gossip: invalid op ({error.code})")
                 valid = False
                 continue
             self._publish_evidence(replica, receipt.equivocations)
@@ -161,12 +272,16 @@ class CrdtService:
         return valid
 
     async def _gossip_loop(self) -> None:
+        synced = trio.current_time()
         while True:
             await trio.sleep(GOSSIP_FLUSH)
-            for run_id, queued in self._outbox.items():
+            for run_id, queued in list(self._outbox.items()):
                 while queued:
                     batch = _take_batch(queued)
                     await self._publish(run_id, batch)
+            if trio.current_time() - synced >= LOG_SYNC:
+                synced = trio.current_time()
+                self._sync_logs()
 
     async def _publish(self, run_id: bytes, ops: list[bytes]) -> None:
         assert self._node is not None and self.pubsub is not None
@@ -181,7 +296,8 @@ class CrdtService:
             fields = evidence_fields(first, second)
             if fields is not None and first.author not in replica.facts.convicted:
                 logger.warning("run %s: %s by %s", short_run_id(replica.run_id), fields["reason"], first.author.hex())
-                self.write(replica.run_id, "evidence", **fields)
+                if replica.run_id in self._pulled:  # else our own chain may not be all here yet
+                    self.write(replica.run_id, "evidence", **fields)
 
     # --- anti-entropy -------------------------------------------------------------------------
 
@@ -246,12 +362,26 @@ class CrdtService:
                 request = puller.receive(reply)
         finally:
             await close_quietly(stream)  # bounded, and never hides why the pull failed
+        self._pulled.add(run_id)
+        if puller.progress.rejected:  # a peer serves only ops it applied, and validity is the same everywhere
+            self._strike(peer, f"sync: {len(puller.progress.rejected)} invalid ops served")
         self._publish_evidence(replica, puller.progress.equivocations)
         return puller.progress.applied
 
     async def _serve_sync(self, stream: Any) -> None:
-        """Answer sync requests on one stream until the asker closes it."""
+        """Answer sync requests on one stream until the asker closes it (a few streams per peer at once)."""
         peer = str(stream.muxed_conn.peer_id)
+        if self._served.get(peer, 0) >= MAX_SERVED_PER_PEER or sum(self._served.values()) >= MAX_SERVED:
+            raise ProtocolError("busy", "too many sync streams at once")
+        self._served[peer] = self._served.get(peer, 0) + 1
+        try:
+            await self._answer_sync(stream, peer)
+        finally:
+            self._served[peer] -= 1
+            if not self._served[peer]:
+                del self._served[peer]
+
+    async def _answer_sync(self, stream: Any, peer: str) -> None:
         author = public_key_from_peer_id(peer)
         servers: dict[bytes, SyncServer] = {}  # one per run asked about on this stream
         while True:
@@ -266,6 +396,9 @@ class CrdtService:
                 raise ProtocolError("unknown-run", "this node does not replicate that run")
             server = servers.setdefault(envelope.run, SyncServer(replica, self._node.identity))
             answer = server.answer_envelope(envelope)
+            if not self._serve_limit.allow(peer, len(answer.reply)):
+                self._strike(peer, "sync requests over its rate limit")
+                raise ProtocolError("busy", "this peer asked for more than its sync budget")
             await write_frame(stream, answer.reply, timeout=FRAME_TIMEOUT)
             if answer.peer_ahead:
                 self._start_pull(peer, envelope.run)
@@ -296,6 +429,39 @@ class CrdtService:
         if self._node is not None:
             self._node.count_protocol_error(error.code)
 
+    def _strike(self, peer: str | None, reason: str) -> None:
+        if peer is not None and self._node is not None and peer != self._node.peer_id:
+            self._node.scores.strike(peer, reason)
+
+    # --- on disk, and our own bans ---------------------------------------------------------------
+
+    async def _load_log(self, replica: Replica) -> None:
+        """Apply the run's op log (if this node keeps one) to `replica`; it then keeps what is applied."""
+        if self.data_dir is not None:
+            self._logs[replica.run_id] = await load_into(replica, OpLog.for_run(self.data_dir, replica.run_id))
+
+    def _sync_logs(self) -> None:
+        for log in self._logs.values():
+            try:
+                log.sync()
+            except OSError as error:  # others' ops only: a restart fetches them again
+                logger.error("%s: cannot sync: %s", log.path, error)
+
+    def _watch_ban(self, replica: Replica) -> None:
+        """Log a ban of our own key in `replica`'s run once, and remember its reason (`ban_reason`)."""
+        me = self._node.identity.public_key
+
+        def check() -> None:
+            if replica.run_id not in self._bans:
+                reason = ban_reason(replica.facts, me)
+                if reason is not None:
+                    self._bans[replica.run_id] = reason
+                    logger.warning("run %s: this node's key is banned: %s. It can take no further part in this run "
+                                   "(a new data dir gives a new key)", short_run_id(replica.run_id), reason)
+
+        check()
+        replica.listeners.append(check)
+
 
 def _take_batch(queued: list[bytes]) -> list[bytes]:
     """Remove and return the first ops of `queued` that fit one gossip message."""
@@ -308,6 +474,13 @@ def _take_batch(queued: list[bytes]) -> list[bytes]:
     batch = queued[:count]
     del queued[:count]
     return batch
+
+
+def _close_quietly(log: OpLog) -> None:
+    try:
+        log.close()
+    except OSError as error:
+        logger.error("%s: cannot close: %s", log.path, error)
 
 
 def _content_id(message: Any) -> bytes:

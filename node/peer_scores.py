@@ -1,11 +1,13 @@
 """Per-peer reputation for what peers serve us: a score, strikes, and the last reason for one.
 
 A verified chunk earns a peer `REWARD`; a chunk or manifest that fails its
-hash costs it `STRIKE_PENALTY` and a strike. Downloads use it to rank
-providers; `checkpoint.peers` (RPC, behind the cookie) shows it per peer. The
-metrics (``locomesh_peer_strikes_total``, ``locomesh_peers_struck``) count
-without naming anyone: /metrics needs no cookie, and a list of the peers we
-talk to is not for whoever can reach it. Kept in memory for the life of the
+hash costs it `STRIKE_PENALTY` and a strike, and so does, in the CRDT service,
+gossip past a peer's budget, an invalid op it forwarded or served, and sync
+requests past its budget. One table per node (`Node.scores`). Downloads use it
+to rank providers; `checkpoint.peers` (RPC, behind the cookie) shows it per
+peer. The metrics (``locomesh_peer_strikes_total``, ``locomesh_peers_struck``)
+count without naming anyone: /metrics needs no cookie, and a list of the peers
+we talk to is not for whoever can reach it. Kept in memory for the life of the
 node.
 """
 

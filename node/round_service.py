@@ -8,11 +8,16 @@ service, whose parts it uses. RPC methods:
     run.status(run_id) -> phase, rounds, members, and the history of finished rounds
 
 Joining finds the run (locally or in the DHT), announces this node as a participant in the DHT,
-connects to the run's other participants, pulls their CRDT state, and writes a `join` op naming
+connects to the run's other participants, pulls their CRDT state (with our own ops: the run's op
+log on disk already gave them back after a restart, node/op_log.py), and writes a `join` op naming
 the first round this node trains in: the next one, or the one after it when a round is already
 under way (a late joiner enters at a round boundary and never enlarges the electorate of a round
 it cannot finish). The participation itself (`run_participation.py`) first syncs the certified
 state, then trains. Runs joined before a restart are taken up again when the node starts.
+
+A key the run has banned (it equivocated: crdt/view.py) takes no further part: `run.join` fails
+with `BANNED`, and a participation whose key is banned stops (phase "banned" in `run.status`,
+which says why); a run taken up again at start shows the same.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ logger = logging.getLogger(__name__)
 ParticipantFactory = Callable[[dict, bytes, "str | None"], Any]
 
 NOT_JOINED = -32005
+BANNED = -32007
 CONNECT_TIMEOUT = 10.0
 
 
@@ -91,8 +97,10 @@ class RoundService:
 
     # --- joining and leaving ------------------------------------------------------------------
 
-    async def join(self, manifest: bytes) -> int:
-        """Take part in the run of this signed manifest (idempotent); the round this node trains first."""
+    async def join(self, manifest: bytes, *, resuming: bool = False) -> int:
+        """Take part in the run of this signed manifest (idempotent); the round this node trains first.
+        `RpcError` `BANNED` if the run banned our key, unless `resuming` (at start: the participation
+        is set up to show why, and stops at once)."""
         from locomesh.training.participant import Participant  # torch: on first join only
 
         factory = self.participant_factory or Participant.for_run
@@ -101,6 +109,8 @@ class RoundService:
         body = load_manifest(manifest)[1].body
         timing = _timing(body["hparams"])  # before anything is stored or announced
         replica = await self.crdt.open_run(manifest)
+        if not resuming:
+            self._refuse_if_banned(replica.run_id)
         if replica.run_id in self.participations:
             return self.participations[replica.run_id][0].machine.state_round + 1
         try:
@@ -111,6 +121,8 @@ class RoundService:
             raise RpcError(BAD_RUN, f"cannot train this run here: {error}") from None
         self.registry.store.add(manifest, "joined")
         await self._meet_participants(replica.run_id)
+        if not resuming:
+            self._refuse_if_banned(replica.run_id)  # what the participants told us counts too
         first = self._write_join(replica)
         participation = RunParticipation(
             self._node, self.crdt, replica, participant, self.checkpoints.directory, self.checkpoints.scores,
@@ -123,13 +135,20 @@ class RoundService:
         return first
 
     def _write_join(self, replica: Any) -> int:
-        """Write our join op unless we are a member already; the first round we train."""
+        """Write our join op unless we are a member already (or banned); the first round we train."""
         state = replica.state
-        if self._node.identity.public_key in state.members:
+        if self._node.identity.public_key in state.members or self.crdt.ban_reason(replica.run_id) is not None:
             return state.round + 1
         first = first_round_to_join(state.round, under_way=bool(replica.commits(state.round + 1)))
-        self.crdt.write(replica.run_id, "join", round=first)
+        if self.crdt.write(replica.run_id, "join", round=first) is None:  # the run's limits: logged
+            raise RpcError(-32000, "the run refused our join op now (see the node's log); try again later")
         return first
+
+    def _refuse_if_banned(self, run_id: bytes) -> None:
+        reason = self.crdt.ban_reason(run_id)
+        if reason is not None:
+            raise RpcError(BANNED, f"this node's key is banned from run {short_run_id(run_id)} ({reason}): it can "
+                                   "take no further part; a node with a new data dir has a new key")
 
     async def leave(self, run_id: bytes) -> int:
         """Stop training in `run_id` after the round under way; the last round this node counts in."""
@@ -138,7 +157,9 @@ class RoundService:
         participation, scope = self.participations.pop(run_id)
         machine = participation.machine
         committed = machine.phase.value in ("collect", "aggregate", "voted")
-        last = machine.state_round + (1 if committed else 0)
+        # Never below the certified round: a node still syncing has a state far behind it, and
+        # the run refuses ops naming rounds far below our own newest (crdt/limits.py).
+        last = max(machine.state_round + (1 if committed else 0), participation.replica.state.round)
         self.crdt.write(run_id, "leave", round=last)
         scope.cancel()
         return last
@@ -154,7 +175,7 @@ class RoundService:
 
     async def _resume(self, manifest: bytes) -> None:
         try:
-            await self.join(manifest)
+            await self.join(manifest, resuming=True)
         except (RpcError, ProtocolError) as error:
             logger.warning("could not take up a joined run again: %s", error)
 
@@ -244,7 +265,8 @@ class RoundService:
 
     def _summary(self) -> dict[str, Any]:
         return {
-            short_run_id(run_id): {"phase": p.machine.phase.value, "round": p.machine.state_round}
+            short_run_id(run_id): {"phase": "banned" if p.banned else p.machine.phase.value,
+                                   "round": p.machine.state_round}
             for run_id, (p, _scope) in self.participations.items()
         }
 

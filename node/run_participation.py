@@ -29,12 +29,14 @@ import logging
 import math
 from collections import deque
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Awaitable, Callable
 
 import numpy as np
 import trio
 
 from locomesh.crdt import Replica
+from locomesh.crdt.evidence import ban_reason
 from locomesh.protocol import peer_id_from_public_key
 from locomesh.protocol.runs import short_run_id
 from locomesh.training.checkpoint_manifest import Manifest, manifest_path, read_manifest
@@ -82,6 +84,7 @@ class RunParticipation:
         self.payloads_sent = 0
         self.initial_eval: dict[str, Any] = {}
         self.failure: str | None = None  # set when the participation stopped on an error
+        self.banned: str | None = None  # why, once the run banned our key (the participation stopped)
         self._compute = trio.Lock()
         self.delayed = participant.settings.delayed_updates
         self._training = trio.Lock() if self.delayed else self._compute  # see the module docstring
@@ -110,6 +113,8 @@ class RunParticipation:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             while True:
+                if self._stop_if_banned(nursery):
+                    return
                 self._carry_out(self.machine.handle(self._observe()))
                 event = await self._next_event()
                 if event is not None:
@@ -122,6 +127,15 @@ class RunParticipation:
             self._news = waiting
             return await self._events.receive()
         return None
+
+    def _stop_if_banned(self, nursery: trio.Nursery) -> bool:
+        """Once the run bans our key nothing we write counts: stop all work (phase "banned")."""
+        self.banned = self.banned or ban_reason(self.replica.facts, self.me)
+        if self.banned is not None:
+            logger.warning("run %s: training stopped: this node's key is banned (%s)", short_run_id(self.run_id),
+                           self.banned)
+            nursery.cancel_scope.cancel()
+        return self.banned is not None
 
     def _on_news(self) -> None:
         """A replica listener: end the current wait (`_next_event`) early."""
@@ -170,10 +184,12 @@ class RunParticipation:
                 "contributors": None if self.work is None else len(self.work.payloads),
             },
             "run_id": short_run_id(self.run_id),
-            "phase": "failed" if self.failure else self.machine.phase.value,
+            "phase": "failed" if self.failure else "banned" if self.banned else self.machine.phase.value,
             "attempt": len(self.replica.attempts(next_round)) - 1,
             "waiting": self._waiting(),
             "error": self.failure,
+            "banned": self.banned is not None,
+            "ban_reason": self.banned,
             "round": self.machine.state_round,
             "certified": state.round,
             "members": len(state.members),
@@ -269,7 +285,10 @@ class RunParticipation:
     # --- the work -----------------------------------------------------------------------------
 
     async def _train(self, work: RoundWork) -> None:
-        if self.delayed:
+        contribution = await self._committed_before(work.round)
+        if contribution is not None:
+            self._cancel_ahead()
+        elif self.delayed:
             contribution = await self._train_delayed(work)
         else:
             async with self._training:
@@ -280,6 +299,25 @@ class RunParticipation:
         work.payloads[self.me] = contribution.payload
         self.payloads_sent += 1
         self._emit(rm.Trained(work.round, manifest.id, len(contribution.payload), contribution.seconds, trio.current_time()))
+
+    async def _committed_before(self, round_number: int) -> Any:
+        """The payload we committed to for this round before a restart, from our store: a second,
+        different commitment would be an equivocation (a ban). None if we made none (or lost it:
+        then `CrdtService.write` refuses the new commitment, and the round goes on without us)."""
+        said = self.replica.facts.commits_in(round_number).get(self.me)
+        if not said:
+            return None
+        ((payload_id, size),) = said
+        try:
+            limits = self.participant.payload_limits(self.run_id, round_number, size)
+        except ValueError:
+            return None
+        payload = await self._stored_payload(round_number, payload_id, limits)
+        if payload is None:
+            logger.warning("round %d: our payload committed before a restart is not in the store", round_number)
+            return None
+        logger.info("round %d: contributing the payload we committed to before a restart", round_number)
+        return SimpleNamespace(payload=payload, train_loss=None, seconds=0.0)  # what `_train` reads
 
     async def _train_delayed(self, work: RoundWork) -> Any:
         """This round's contribution, trained ahead if it was (else now, from θ); then the next
@@ -380,16 +418,26 @@ class RunParticipation:
         try:
             await download_checkpoint(self.node, self.directory, payload_id, providers, scores=self.scores,
                                       progress=progress, offload=self.offload, limits=limits)
-            tensors, metadata = await self.offload(checkpoint_store().load_checkpoint, self.directory, payload_id, limits)
         except REFUSED:
             raise
         except (DownloadError, OSError, ValueError) as error:
             logger.info("round %d: payload of %s not fetched: %s", round_number, peer_id_from_public_key(author), error)
             return None
-        payload = tensors.get("payload")
-        if metadata.get("round") != round_number or metadata.get("run") != self.run_id or payload is None:
+        data = await self._stored_payload(round_number, payload_id, limits)
+        if data is None:
             logger.warning("round %d: the payload %s committed by %s is not a payload of this round",
                            round_number, payload_id.hex()[:12], peer_id_from_public_key(author))
+        return data
+
+    async def _stored_payload(self, round_number: int, payload_id: bytes, limits: Any) -> bytes | None:
+        """The payload `payload_id` of this run's round `round_number` from our store; None if it
+        is not there whole, or is no such payload (or breaks the `limits` of one)."""
+        try:
+            tensors, metadata = await self.offload(checkpoint_store().load_checkpoint, self.directory, payload_id, limits)
+        except (OSError, ValueError):
+            return None
+        payload = tensors.get("payload")
+        if metadata.get("round") != round_number or metadata.get("run") != self.run_id or payload is None:
             return None
         return payload.numpy().tobytes()
 

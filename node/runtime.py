@@ -37,6 +37,7 @@ from .bootstrap import Backoff, keep_connected
 from .host import DIAL_TIMEOUT, build_host
 from .meter import ByteMeter
 from .metrics import Metrics
+from .peer_scores import PeerScores
 from .peers import PeerTracker
 from .rpc import RpcRegistry
 from .service import SHUTDOWN_GRACE, Service
@@ -85,6 +86,7 @@ class Node:
         self.metrics = Metrics()
         self.peers = PeerTracker()
         self.stream_pool = StreamPool()  # idle data plane streams to providers (stream_pool.py)
+        self.scores = PeerScores(self.metrics)  # what each peer served us, good and bad, across services
         self._status_fields: dict[str, Callable[[], Any]] = {"runs": list}
         self._stop = trio.Event()
         self._started_at: float | None = None

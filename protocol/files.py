@@ -37,10 +37,11 @@ def atomic_write(path: str | os.PathLike, data: bytes, *, mode: int = 0o644) -> 
         except FileNotFoundError:
             pass
         raise
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
 
 
-def _fsync_dir(directory: Path) -> None:
+def fsync_dir(directory: str | os.PathLike) -> None:
+    """Make the names in `directory` durable (a file created or renamed there survives a crash)."""
     fd = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(fd)

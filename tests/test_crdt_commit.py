@@ -88,15 +88,17 @@ def test_repeating_a_commitment_or_committing_to_another_round_is_no_ban():
 def test_the_queries_skip_non_members_late_joiners_leavers_and_forkers():
     replica = joined_replica([A, B])
     replica.create(C, "join", round=3)  # trains from round 3 on
-    replica.create(B, "leave", round=2)  # trains up to round 2
-    for author in (A, B, C, OUTSIDER):
+    for author in (A, B, C):
         commit(replica, author, 2)
         commit(replica, author, 3)
         replica.create(author, "vote", round=2, hash=H1)
+    replica.create(B, "leave", round=2)  # trains up to round 2 (a leaver writes nothing after its leave)
+    with pytest.raises(ProtocolError, match="not-member"):  # a key that never joined writes nothing but joins
+        commit(replica, OUTSIDER, 2)
     assert set(replica.commits(2)) == {A.public_key, B.public_key}
     assert set(replica.commits(3)) == {A.public_key, C.public_key}
     assert set(replica.votes(2)) == {A.public_key, B.public_key}
-    fork = encode_op(A, replica.run_id, "crdt.commit", [], 1, round=3, hash=P3, size=5)  # A's seq 1 again
+    fork = encode_op(A, replica.run_id, "crdt.join", [], 1, round=3)  # A's seq 1 again
     replica.add(fork)
     assert set(replica.commits(2)) == {B.public_key} and set(replica.commits(3)) == {C.public_key}
 

@@ -4,7 +4,7 @@ Five honest replicas and two Byzantine authors share one run. Hypothesis drives:
 delivery of gossiped ops in any order, duplicates, drops, partitions and heals, and Byzantine
 misbehaviour (forged signatures, forks, double votes and double payload commitments, invented
 parents, oversized and non-canonical bytes, ops of another run, wrong seqs, round inflation,
-writing after a ban). After
+ops past the per-round caps, writing after its own leave, writing after a ban). After
 a heal and a full anti-entropy sync, every honest replica must hold the same ops and the same
 state; no op one replica rejected may be applied by another; every proven equivocator is banned;
 any topological order of the ops gives the same state; and snapshot plus later ops equals a
@@ -20,6 +20,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from locomesh.crdt import (
     Facts, Replica, derive, encode_op, evidence_fields, is_quorum, load_snapshot, op_id, snapshot_fields,
 )
+from locomesh.crdt.limits import LIMIT_CODES, RULES
 from locomesh.crdt.sync import SyncPuller, SyncServer
 from locomesh.protocol import ProtocolError
 
@@ -70,14 +71,15 @@ class Convergence(RuleBasedStateMachine):
             return  # an honest member votes once per round
         if what == "commit" and key.public_key in replica.facts.commits_in(next_round):
             return  # and commits to one payload per round (saying it twice is allowed, but dull)
-        self._gossip(who, replica.create(key, what, **fields))
+        for data in _within_limits(replica, key, [(what, fields)]):
+            self._gossip(who, data)
 
     @rule(who=st.integers(0, 4), count=st.integers(2, 5))
     def honest_batch(self, who: int, count: int) -> None:
         """Several ops under one seal: attestations, each on top of the one before."""
         replica, key = self.replicas[who], HONEST[who]
         specs = [("attest", {"round": replica.state.round, "id": HASHES[i % 3], "size": i}) for i in range(count)]
-        for data in replica.create_batch(key, specs):
+        for data in _within_limits(replica, key, specs):
             self._gossip(who, data)
 
     @rule()
@@ -123,7 +125,8 @@ class Convergence(RuleBasedStateMachine):
         """After a full sync, every honest member signs a snapshot of the same frontier."""
         self.heal_and_sync()
         fields, facts_bytes = snapshot_fields(self.replicas[0])
-        certificate = [replica.create(key, "snapshot", **fields) for replica, key in zip(self.replicas, HONEST)]
+        certificate = [data for replica, key in zip(self.replicas, HONEST)  # members only: not those that left
+                       for data in _within_limits(replica, key, [("snapshot", fields)])]
         for index, data in enumerate(certificate):
             self._gossip(index, data)
         members = set(derive(Facts.decode(facts_bytes), GENESIS).members)
@@ -135,7 +138,7 @@ class Convergence(RuleBasedStateMachine):
     @rule(byz=st.integers(0, 1), view=st.integers(0, 4), receivers=st.sets(st.integers(0, 4), min_size=1),
           attack=st.sampled_from(["forged", "fork", "double-vote", "double-commit", "invented-parent", "oversized",
                                   "non-canonical", "other-run", "bad-seq", "inflation", "hparams", "broken-seal",
-                                  "honest-looking"]))
+                                  "over-cap", "after-leave", "honest-looking"]))
     def byzantine(self, byz: int, view: int, receivers: set[int], attack: str) -> None:
         key = BYZANTINE[byz]
         targets = sorted(receivers)
@@ -168,7 +171,19 @@ class Convergence(RuleBasedStateMachine):
             _destination, honest = self.in_flight[view % len(self.in_flight)]
             self._byzantine_send(rewrap(honest, sig=bytes(64)), targets)
         elif attack == "inflation":
-            self._byzantine_send(self._byz_op(key, view, "crdt.vote", round=2**40, hash=H1), targets)
+            self._byzantine_send(self._byz_op(key, view, "crdt.vote", advance=False, round=2**40, hash=H1), targets)
+        elif attack == "over-cap":  # one attestation past the cap, each op to other receivers
+            cap = RULES["attest"].cap
+            for index in range(cap + 1):  # (the chain goes on from the last valid one)
+                data = self._byz_op(key, view, "crdt.attest", advance=index < cap, round=1, id=HASHES[index % 3],
+                                    size=index)
+                self._byzantine_send(data, targets[index % len(targets):] or targets)
+        elif attack == "after-leave":  # a vote on top of its own leave: no longer a member
+            seq, _newest = self.byz_chain[key.public_key]
+            leave = self._byz_op(key, view, "crdt.leave", advance=False, round=1)
+            self._byzantine_send(leave, targets)
+            self._byzantine_send(encode_op(key, GENESIS.run_id, "crdt.vote", [op_id(leave)], seq + 2, round=1,
+                                           hash=H2), targets)
         elif attack == "hparams":  # BYZANTINE[0] is a genesis writer, BYZANTINE[1] is not
             self._byzantine_send(self._byz_op(key, view, "crdt.hparams", round=1, changes={"outer_lr": 99.0}),
                                  targets)
@@ -255,7 +270,8 @@ class Convergence(RuleBasedStateMachine):
         for a, b in pairs:
             fields = evidence_fields(a, b)
             if fields and a.author not in replica.facts.convicted:
-                self._gossip(index, replica.create(HONEST[index], "evidence", **fields))
+                for data in _within_limits(replica, HONEST[index], [("evidence", fields)]):
+                    self._gossip(index, data)
 
     def _full_sync(self) -> None:
         # A sweep can take a Byzantine chain only a step or two further when its ops were sent to
@@ -296,6 +312,17 @@ class Convergence(RuleBasedStateMachine):
     @staticmethod
     def _own_votes(replica: Replica, key):
         return [row for row in replica.facts.votes if row[0] == key.public_key]
+
+
+def _within_limits(replica: Replica, key, specs: list) -> list[bytes]:
+    """The ops written, or none if the run's limits refuse them (crdt/limits.py: an honest node
+    writes nothing after its leave, and stays within the caps)."""
+    try:
+        return replica.create_batch(key, specs)
+    except ProtocolError as error:
+        if error.code not in LIMIT_CODES:
+            raise
+        return []
 
 
 Convergence.TestCase.settings = settings(max_examples=20, stateful_step_count=50, deadline=None)

@@ -31,8 +31,10 @@ def test_a_round_needs_more_than_two_thirds_of_the_members():
 
 def test_one_peer_cannot_inflate_the_round_number():
     replica = joined_replica(MEMBERS)
-    for far in (2, 5, 2**40):
+    for far in (2, 5):
         vote(replica, A, far)
+    with pytest.raises(ProtocolError, match="too-far-ahead"):  # more than limits.AHEAD past round 5
+        vote(replica, A, 2**40)
     assert replica.state.round == 0
     for member in MEMBERS[:3]:
         vote(replica, member, 2)  # a full quorum for round 2 is useless while round 1 is not certified
@@ -44,8 +46,11 @@ def test_one_peer_cannot_inflate_the_round_number():
 
 def test_votes_of_non_members_count_for_nothing():
     replica = joined_replica(MEMBERS[:1])
-    vote(replica, B, 1)  # B never joined
-    vote(replica, C, 1)
+    for outsider in (B, C):  # they never joined: their votes are not even valid ops
+        with pytest.raises(ProtocolError, match="not-member"):
+            vote(replica, outsider, 1)
+        replica.add(encode_op(outsider, replica.run_id, "crdt.join", replica.heads, 1, round=2))  # late joiners
+        vote(replica, outsider, 1)
     assert replica.state.round == 0
     vote(replica, A, 1)
     assert replica.state.round == 1
@@ -95,8 +100,11 @@ def test_hyperparameter_changes_take_effect_at_their_round():
 
 
 def _fork(replica: Replica, who, seq: int, parents: list[bytes] | None = None) -> tuple[bytes, bytes]:
-    """Two different ops by `who` at one seq, both on top of `parents` (default: the heads)."""
+    """Two different ops by `who` at one seq, both on top of `parents` (default: the heads): votes,
+    or joins when they start a chain (only members vote)."""
     parents = replica.heads if parents is None else parents
+    if seq == 1:
+        return tuple(encode_op(who, replica.run_id, "crdt.join", parents, seq, round=r) for r in (1, 2))
     a = encode_op(who, replica.run_id, "crdt.vote", parents, seq, round=1, hash=H1)
     b = encode_op(who, replica.run_id, "crdt.vote", parents, seq, round=1, hash=H2)
     return a, b
@@ -200,7 +208,7 @@ def test_a_rejected_parent_releases_its_waiting_children_as_rejections():
     replica = joined_replica(MEMBERS)
     run = replica.run_id
     join_a = min(replica.op_ids(), key=lambda i: replica.facts.ops[i][2])
-    hidden = encode_op(A, run, "crdt.vote", replica.heads, 1, round=1, hash=H1)  # fork of A's join: valid op
+    hidden = encode_op(A, run, "crdt.join", replica.heads, 1, round=2)  # fork of A's join: valid op
     bad = encode_op(B, run, "crdt.vote", [decode_op(hidden, run).id], 5, round=1, hash=H1)  # wrong seq
     child = encode_op(C, run, "crdt.vote", [decode_op(bad, run).id], 1, round=1, hash=H1)
     assert replica.add(child).waiting and replica.add(bad).waiting

@@ -26,7 +26,7 @@ def run_sync(puller: SyncPuller, server: SyncServer) -> list[str]:
 
 def _grown(replica: Replica, author, n: int) -> Replica:
     for i in range(n):
-        replica.create(author, "attest", round=0, id=bytes([i % 256]) * 32, size=i)
+        replica.create(author, "attest", round=i // 4, id=bytes([i % 256]) * 32, size=i)  # 4 a round: the cap
     return replica
 
 

@@ -25,8 +25,9 @@ async def wait_for(condition, timeout: float = 20.0) -> None:
             await trio.sleep(0.05)
 
 
-async def start_node(nursery, identity, *, bootstrap=(), sync_interval: float = 1.0) -> tuple[Node, CrdtService]:
-    service = CrdtService(sync_interval=sync_interval)
+async def start_node(nursery, identity, *, bootstrap=(), sync_interval: float = 1.0,
+                     service: CrdtService | None = None) -> tuple[Node, CrdtService]:
+    service = service or CrdtService(sync_interval=sync_interval)
     node = Node.create(identity, listen_addrs=LOOPBACK, services=[service], bootstrap=list(bootstrap),
                        rng=random.Random(1))
     await nursery.start(node.run)
@@ -44,7 +45,7 @@ def fill(service: CrdtService, run_id: bytes, identity, count: int) -> None:
     replica = service.replicas[run_id]
     replica.create(identity, "join", round=1)
     for i in range(count - 1):
-        replica.create(identity, "attest", round=0, id=(i % 251).to_bytes(32, "big"), size=i)
+        replica.create(identity, "attest", round=i // 4, id=(i % 251).to_bytes(32, "big"), size=i)  # 4 a round: the cap
 
 
 async def _backlog_reaches_a_newcomer(nursery, identity_factory, count: int) -> None:

@@ -46,6 +46,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..rate_limit import RateLimiter  # noqa: F401 - re-exported: it was born here
 from .addresses import tcp_endpoint
 
 PUBLIC, PRIVATE, UNKNOWN = "public", "private", "unknown"
@@ -201,32 +202,3 @@ class ReachabilityTracker:
             "probes_pending": len(self.pending_helpers()),
             "evidence": [probe.evidence() for probe in self.recent()[:8]],
         }
-
-
-class RateLimiter:
-    """A token bucket per key (a peer ID): `burst` at once, then one every `interval` seconds.
-
-    At most `max_keys` keys are remembered (the least recently used go first),
-    so a flood of new peer IDs costs bounded memory; a forgotten key starts
-    with a full bucket again, which the per-connection limits of libp2p bound.
-    """
-
-    def __init__(self, now: Callable[[], float], *, burst: int, interval: float, max_keys: int = 4096) -> None:
-        if burst < 1 or interval <= 0:
-            raise ValueError("burst must be >= 1 and interval > 0")
-        self._now = now
-        self._burst = burst
-        self._interval = interval
-        self._max_keys = max_keys
-        self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()  # key -> (tokens, at)
-
-    def allow(self, key: str) -> bool:
-        """Take one token for `key`; False (and nothing taken) if it has none left."""
-        now = self._now()
-        tokens, at = self._buckets.pop(key, (float(self._burst), now))
-        tokens = min(float(self._burst), tokens + (now - at) / self._interval)
-        allowed = tokens >= 1.0
-        self._buckets[key] = (tokens - 1.0 if allowed else tokens, now)
-        while len(self._buckets) > self._max_keys:
-            self._buckets.popitem(last=False)
-        return allowed

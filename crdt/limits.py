@@ -1,0 +1,229 @@
+"""What one author may write: members only, a few ops per round, rounds close to the run's own.
+
+In an open run anyone may write, so without these rules one key could write any number of valid
+ops, for any round, without ever joining, and every replica would keep them for good. The rules
+(each op is checked against them when it is applied, replica.py):
+
+1. **Members only.** An op other than `join`, `evidence` and `hparams` is valid only if its
+   author's newest `join`/`leave` on its own chain (below) is a `join`. `evidence` may come from
+   anyone: it is self-verifying (evidence.py), convicts the same author whoever publishes it, and a
+   node that only replicates a run (its creator before it joins, an observer) must be able to
+   spread the proof of a fork to replicas that saw one side only. `hparams` comes only from keys
+   named at genesis (genesis.py), which the manifest trusts and which need not train.
+2. **Caps per author and round** (`RULES`): at most `cap` ops of a kind per author per key (the
+   round, and for a timeout the attempt too) along the author's own chain. The caps are above
+   what an honest node writes (run_participation.py, round_service.py): one commit, proposal and
+   vote per round, which two of them already turn into a ban when they differ (so the cap is 2:
+   the second is let in, and a conflicting pair shows as an equivocation; a third is refused);
+   one checkpoint per round it aggregated (two after a restart in the middle of one); no attest
+   (a checkpoint counts as its author's attestation: 4 leave room for a few candidates); one
+   join naming a round (and a leave, or a join again, after a quick change of mind); a timeout
+   per attempt at a round, attempts up to MAX_ATTEMPT; an evidence op per equivocator it sees.
+   Round-less kinds (`snapshot`, `evidence`) count against the newest round the author's own
+   chain named.
+3. **Not too far ahead**: an op may name a round at most `AHEAD` past the highest round named by
+   any op in its causal past (its *horizon*), so nobody can write ops for round 2**40. Honest
+   nodes name at most the certified round + 2 (a join while a round is under way), and the votes
+   that certified it are in the causal past of everything they write.
+4. **Not too far behind**: an op may name a round at most `BEHIND` below the highest round its
+   author's own chain named before. Honest nodes write a state's checkpoint a round or two after
+   its round (storing runs while the next round trains) and leave naming at least the certified
+   round. This rule is what bounds the walk that counts rule 2 (below).
+
+`hparams` (the genesis writers' schedule: a change may be set for any later round) is exempt
+from rules 2 to 4, and its round counts toward no horizon.
+
+Agreement. Replicas must agree on which ops are valid, or an honest op that builds on an op some
+replicas refused would never apply there. So every rule reads only the op and its causal past:
+the *own chain* of an op is its chain predecessor (the dependency by the same author with the
+largest `seq`, ties broken by the smaller ID: an honest author always lists its own newest op,
+replica.py), that op's predecessor, and so on. A count over the chain is a count over the causal
+past, whatever else a replica holds or in which order ops came; a fork gives two chains, each
+counted on its own (and the fork is a ban anyway).
+
+Cost. Per applied op one `Link` is kept (its chain predecessor's link, whether the author is a
+member, the highest round its chain named, its horizon, its key and count), computed from the
+links of its dependencies, never by walking the DAG. Counting rule 2 walks back the own chain
+only over links whose chain already named the op's round: by rule 4 those name rounds within
+2 * BEHIND of it, so the walk is bounded by the caps of that many rounds (a few links for an
+honest author).
+
+Known limit: rule 3 is relative to the causal past, so a member can still climb, AHEAD rounds
+per op it writes; what it can write per round stays capped, and the node's gossip rate limit per
+peer (node/crdt_service.py) bounds how fast. A replica started from a snapshot does not know the
+chain links of the ops the snapshot covers; it takes them as permissive (a member, no counts, no
+top round, the snapshot's highest round as horizon) until snapshots carry the chain state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from locomesh.protocol import ProtocolError
+
+from .facts import Facts
+from .ops import Op, OpId
+
+AHEAD = 4  # honest nodes name at most the certified round + 2 (rule 3)
+BEHIND = 8  # honest nodes name at least a round or two below their newest (rule 4)
+MAX_ATTEMPT = 64  # a timeout's attempt number: a round is retried a few times at most
+
+
+@dataclass(frozen=True)
+class Rule:
+    """What one author may write of one op kind (see the module docstring)."""
+
+    cap: int  # ops of this kind per author per key, along its own chain
+    key: tuple[str, ...] = ("round",)  # body fields counted apart; () counts by the chain's newest round
+    members_only: bool = True
+    bounds: tuple[tuple[str, int], ...] = ()  # (body field, largest value allowed)
+
+
+# One line per op kind. An op of a kind missing here is invalid (`ProtocolError` "no-rule").
+RULES: dict[str, Rule | None] = {
+    "join": Rule(2, members_only=False),
+    "leave": Rule(2),
+    "commit": Rule(2),
+    "vote": Rule(2),
+    "propose": Rule(2),
+    "timeout": Rule(1, key=("round", "attempt"), bounds=(("attempt", MAX_ATTEMPT),)),
+    "checkpoint": Rule(2),
+    "attest": Rule(4),
+    "snapshot": Rule(2, key=()),
+    "evidence": Rule(16, key=(), members_only=False),
+    "hparams": None,  # genesis writers only (genesis.py), exempt from the rest
+}
+LIMIT_CODES = frozenset({"not-member", "over-cap", "too-far-ahead", "too-far-behind", "no-rule"})
+
+
+class Link:
+    """One applied op's place in its author's own chain, and what the rules need to know of it."""
+
+    __slots__ = ("prev", "member", "top", "horizon", "kind", "at", "count")
+
+    def __init__(self, prev: Link | None, member: bool, top: int, horizon: int, kind: str | None, at: Any,
+                 count: int):
+        self.prev = prev  # the chain predecessor's link
+        self.member = member  # the newest join/leave on the chain, this op included, is a join
+        self.top = top  # the highest round the chain named, this op included
+        self.horizon = horizon  # the highest round named in the causal past, this op included
+        # Rule 2 counts this op under (kind, at): its round (with the attempt, for a timeout), or
+        # for a round-less kind the chain's newest round; kind None: not counted.
+        self.kind, self.at = kind, at
+        self.count = count  # ops on the chain under (kind, at), this one included
+
+
+class Limits:
+    """The links of a replica's applied ops, and the rules checked with them."""
+
+    def __init__(self, covered_horizon: int = 0) -> None:
+        self._links: dict[OpId, Link] = {}
+        # Ops covered by the snapshot a replica started from have no links (module docstring).
+        self._covered = Link(None, True, 0, covered_horizon, None, None, 0)
+
+    @classmethod
+    def covering(cls, facts: Facts) -> Limits:
+        """Limits for a replica that starts from the facts of a snapshot."""
+        rounds = [row[1] for rows in (facts.votes, facts.commits, facts.proposals, facts.attests) for row in rows]
+        rounds += [row[2] for rows in (facts.joins, facts.leaves) for row in rows]
+        return cls(max(rounds, default=0))
+
+    def check(self, op: Op, index: Mapping[OpId, tuple[bytes, int, int]]) -> Link:
+        """The link `op` would get, or `ProtocolError` if it breaks a rule. `index` maps each
+        applied op to (author, seq, depth): `Facts.ops`. Every dependency must be applied."""
+        horizon, own, own_seq = 0, None, 0
+        for dep in op.dependencies:
+            link = self.link(dep)
+            horizon = max(horizon, link.horizon)
+            author, seq, _depth = index[dep]
+            if author == op.author and (seq > own_seq or (seq == own_seq and dep < own)):
+                own, own_seq = dep, seq
+        return self.next_link(op.type, op.body, None if own is None else self.link(own), horizon)
+
+    def record(self, op_id: OpId, link: Link) -> None:
+        self._links[op_id] = link
+
+    def link(self, op_id: OpId) -> Link:
+        """The link of an applied op (ops covered by a snapshot share a permissive one)."""
+        return self._links.get(op_id, self._covered)
+
+    def horizon(self, op_ids: list[OpId]) -> int:
+        return max((self.link(i).horizon for i in op_ids), default=0)
+
+    def next_link(self, op_type: str, body: Mapping[str, Any], prev: Link | None, horizon: int) -> Link:
+        """The link of an op of `op_type` with `body` whose chain predecessor has link `prev` and
+        whose dependencies reach `horizon`; `ProtocolError` if it breaks a rule."""
+        if op_type not in RULES:
+            raise ProtocolError("no-rule", f"no limits are defined for {op_type!r} ops")
+        rule = RULES[op_type]
+        member, top = (prev.member, prev.top) if prev is not None else (False, 0)
+        if rule is None:
+            return Link(prev, member, top, horizon, None, None, 0)
+        if rule.members_only and not member:
+            raise ProtocolError("not-member", f"only members may write {op_type} ops: join the run first")
+        for name, most in rule.bounds:
+            if body[name] > most:
+                raise ProtocolError("over-cap", f"{op_type} {name} {body[name]} is over the cap of {most}")
+        if "round" in rule.key:
+            round_ = body["round"]
+            if round_ > horizon + AHEAD:
+                raise ProtocolError("too-far-ahead", f"round {round_} is more than {AHEAD} past round {horizon}, "
+                                                     "the highest its causal past names")
+            if round_ < top - BEHIND:
+                raise ProtocolError("too-far-behind", f"round {round_} is more than {BEHIND} below round {top}, "
+                                                      "the highest its author named before")
+            top, horizon = max(top, round_), max(horizon, round_)
+        else:
+            round_ = top
+        kind = _KINDS[op_type]  # one str object per kind: compared by identity on the walk
+        at = _counted_at(rule, body, top)
+        count = _count_on_chain(prev, kind, at, round_) + 1
+        if count > rule.cap:
+            raise ProtocolError("over-cap", f"{op_type} op number {count} for {at} by one author: at most {rule.cap}")
+        if op_type in ("join", "leave"):
+            member = op_type == "join"
+        return Link(prev, member, top, horizon, kind, at, count)
+
+
+_KINDS = {name: name for name in RULES}
+
+
+def _counted_at(rule: Rule, body: Mapping[str, Any], top: int) -> Any:
+    if not rule.key:
+        return top
+    if len(rule.key) == 1:
+        return body[rule.key[0]]
+    return tuple(body[name] for name in rule.key)
+
+
+def _count_on_chain(link: Link | None, kind: str, at: Any, round_: int) -> int:
+    """How many ops under (`kind`, `at`) the chain ending at `link` holds. Only links whose chain
+    had named `round_` (top >= round_) can hold one, and the top only grows along a chain, so the
+    walk stops at the first link below it."""
+    while link is not None and link.top >= round_:
+        if link.kind is kind and link.at == at:
+            return link.count
+        link = link.prev
+    return 0
+
+
+def earlier_statement(facts: Facts, author: bytes, op_type: str, fields: Mapping[str, Any]) -> str | None:
+    """What `author` already said that an op of `op_type` with `fields` would say again: "same"
+    (the same vote, commitment, proposal or attestation: writing it again adds nothing), "conflict"
+    (a different vote, commitment or proposal for the round: writing it is an equivocation, a
+    ban), or None. For the node's own writes after a restart (node/crdt_service.py)."""
+    if op_type in ("checkpoint", "attest"):
+        said = (author, fields["round"], fields["id"], fields["size"]) in facts.attests
+        return "same" if said else None
+    if op_type == "vote":
+        saying, said = fields["hash"], facts.votes_in(fields["round"]).get(author)
+    elif op_type == "commit":
+        saying, said = (fields["hash"], fields["size"]), facts.commits_in(fields["round"]).get(author)
+    elif op_type == "propose":
+        saying, said = tuple(fields["authors"]), facts.proposals_in(fields["round"]).get(author)
+    else:
+        return None
+    if not said:
+        return None
+    return "same" if said == {saying} else "conflict"
