@@ -7,8 +7,9 @@ daemon never imports this.
   round WITHHOLD_FROM on never serves a payload (its own or one it fetched); as the round's first
   proposer its set names its own payload, which nobody can fetch (issue #18, findings 1 and 7);
 - intruders, keys that join and write hostile ops but take no honest part in the rounds:
-  `attest_bogus_checkpoints` (Sybil attesters, finding 3) and `commit_bombs` (payload bombs,
-  finding 2).
+  `attest_bogus_checkpoints` (Sybil attesters, finding 3), `commit_bombs` (payload bombs,
+  finding 2) and `spam_ops` (ops past every cap, gossiped as fast as GossipSub takes them,
+  finding 6).
 """
 
 from __future__ import annotations
@@ -20,8 +21,11 @@ import trio
 
 from locomesh.node import checkpoint_wire as wire
 from locomesh.node.checkpoint_service import CheckpointService
+from locomesh.crdt import Replica
+from locomesh.crdt.ops import content_id, op_content, seal_ops
 from locomesh.node.crdt_service import CrdtService
-from locomesh.protocol import compress
+from locomesh.protocol import Identity, compress
+from locomesh.protocol.kinds import MAX_SEAL_OPS
 from locomesh.protocol.files import atomic_write
 from locomesh.training.checkpoint_manifest import CheckpointError, ChunkRef, Manifest, chunk_path, manifest_path
 
@@ -96,3 +100,46 @@ def install_zero_chunk_bomb(directory: Path, run_id: bytes, round_number: int, *
     atomic_write(chunk_path(directory, digest), frame)
     atomic_write(manifest_path(directory, manifest.id), manifest.encode())
     return manifest
+
+
+SPAM_OPS = 512  # ops a spammer forges every round
+SPAM_BATCH = 128  # ops per gossip message (GossipSub drops messages over 1 MiB)
+
+
+async def spam_ops(crdt: CrdtService, run_id: bytes, identity: Identity, *, until_round: int) -> None:
+    """An op spammer (issue #18, finding 6): join, then every round forge SPAM_OPS ops past the
+    run's limits (attestations past the cap, proposals for far rounds) and gossip them, built
+    without the replica's own checks (`write` would refuse them)."""
+    replica = crdt.replicas[run_id]
+    crdt.write(run_id, "join", round=replica.state.round + 2)
+    spammed = replica.state.round
+    while spammed < until_round:
+        await trio.sleep(WATCH_SECONDS)
+        round_number = replica.state.round + 1
+        if round_number <= spammed:
+            continue
+        specs = [("attest", {"round": round_number, "id": hashlib.sha256(i.to_bytes(4, "big")).digest(), "size": i})
+                 for i in range(SPAM_OPS // 2)]
+        specs += [("propose", {"round": round_number + 100 + i, "authors": [identity.public_key]}) for i in range(SPAM_OPS // 2)]
+        ops = forged_chain(replica, identity, specs)
+        for start in range(0, len(ops), SPAM_BATCH):
+            await crdt._publish(run_id, ops[start:start + SPAM_BATCH])
+        spammed = round_number
+
+
+def forged_chain(replica: Replica, author: Identity, specs: list[tuple[str, dict]], *,
+                 parents: list[bytes] | None = None) -> list[bytes]:
+    """Ops by `author`, each on top of the one before (the first on `parents`, default: the
+    replica's heads and the author's newest op), sealed MAX_SEAL_OPS at a time: what a spammer
+    sends, built without the replica's own checks."""
+    own = [i for i, row in replica.facts.ops.items() if row[0] == author.public_key]
+    newest = max(own, key=lambda i: replica.facts.ops[i][1], default=None)
+    if parents is None:
+        parents = sorted(set(replica.heads + ([newest] if newest is not None else [])))
+    seq = 1 + max((replica.facts.ops[p][1] for p in parents if replica.facts.ops[p][0] == author.public_key), default=0)
+    contents = []
+    for number, (kind, fields) in enumerate(specs, start=seq):
+        contents.append(op_content(author.public_key, replica.run_id, f"crdt.{kind}", parents, number, **fields))
+        parents = [content_id(contents[-1])]
+    return [data for start in range(0, len(contents), MAX_SEAL_OPS)
+            for data in seal_ops(author, replica.run_id, contents[start:start + MAX_SEAL_OPS])]

@@ -18,11 +18,12 @@ from multiaddr import Multiaddr
 
 from locomesh.crdt import Replica, encode_op, evidence_fields, op_id
 from locomesh.crdt.limits import AHEAD, BEHIND, MAX_ATTEMPT, RULES, Limits
-from locomesh.crdt.ops import content_id, decode_op, op_content, seal_ops
+from locomesh.crdt.ops import decode_op
+from locomesh.netsim.adversaries import forged_chain as chain
 from locomesh.node.crdt_service import MAX_SERVED_PER_PEER, SYNC_PROTOCOL, CrdtService
 from locomesh.node.streams import read_frame, write_frame
 from locomesh.protocol import ProtocolError, encode
-from locomesh.protocol.kinds import MAX_PROPOSAL, MAX_SEAL_OPS
+from locomesh.protocol.kinds import MAX_PROPOSAL
 from locomesh.protocol.runs import sign_manifest
 
 from .test_crdt_support import H1, H2, joined_replica, keys
@@ -32,23 +33,6 @@ MEMBERS = keys(3)
 A, B, C = MEMBERS
 SPAMMER, NEWCOMER = keys(2, offset=70)
 MiB = 1024 * 1024
-
-
-def chain(replica: Replica, author, specs: list[tuple[str, dict]], *, parents=None) -> list[bytes]:
-    """Ops by `author`, each on top of the one before (the first on `parents`, default: the
-    replica's heads and the author's newest op), sealed MAX_SEAL_OPS at a time: what a spammer
-    sends, built without the replica's own checks (`create` would refuse them)."""
-    own = [i for i, row in replica.facts.ops.items() if row[0] == author.public_key]
-    newest = max(own, key=lambda i: replica.facts.ops[i][1], default=None)
-    if parents is None:
-        parents = replica.heads + ([newest] if newest is not None else [])
-    seq = 1 + max((replica.facts.ops[p][1] for p in parents if replica.facts.ops[p][0] == author.public_key), default=0)
-    contents = []
-    for number, (kind, fields) in enumerate(specs, start=seq):
-        contents.append(op_content(author.public_key, replica.run_id, f"crdt.{kind}", parents, number, **fields))
-        parents = [content_id(contents[-1])]
-    return [data for start in range(0, len(contents), MAX_SEAL_OPS)
-            for data in seal_ops(author, replica.run_id, contents[start:start + MAX_SEAL_OPS])]
 
 
 def codes(replica: Replica, ops: list[bytes]) -> list[str]:

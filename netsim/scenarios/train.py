@@ -64,6 +64,8 @@ from ..simulation import Simulation, run_simulation
 Progress = Callable[[str], None]
 MEGABIT = 1_000_000 / 8
 WATCH_SECONDS = 0.05  # virtual seconds between looks at the nodes' finished rounds (timing resolution)
+RESTART_ROUND = 2  # a restarter is killed right after its commit in this round
+RESTART_DELAY = 2.0  # virtual seconds it stays down
 
 
 @dataclass(frozen=True)
@@ -85,8 +87,10 @@ class Config:
     slow_factor: float = 1.5
     byzantine: int = 0
     withholding: int = 0  # members that commit and never serve a payload (netsim/adversaries.py)
+    restarters: int = 0  # honest members killed right after a commit and restarted on their data dir
     sybils: int = 0  # extra keys that join and attest a bogus checkpoint for every round
     bombers: int = 0  # extra keys that join and commit a payload bomb every round
+    spammers: int = 0  # extra keys that join and gossip ops past every limit of the run, every round
     churn: int = 0
     churn_round: int = 2
     churn_every: int = 0  # rounds between churn waves after the first (0: one wave)
@@ -101,7 +105,7 @@ HOSTILE = frozenset({"byzantine", "withholding"})
 class _Member:
     index: int
     node: SimNode
-    kind: str  # honest, slow, joiner, or one of HOSTILE
+    kind: str  # honest, slow, joiner, restarter, or one of HOSTILE
     registry: RunRegistryService
     rounds: RoundService
     compute: SimCompute
@@ -126,7 +130,7 @@ class _Intruder:
     (netsim/adversaries.py); it runs the registry, the CRDT and a checkpoint service."""
 
     node: SimNode
-    kind: str  # sybil or bomber
+    kind: str  # sybil, bomber or spammer
     registry: RunRegistryService
     crdt: CrdtService
     checkpoints: CheckpointService
@@ -150,6 +154,14 @@ class _Run:
         config, index = self.config, len(self.members)
         node = self.sim.add_node(f"n{index:04d}", profile=LinkProfile(latency=config.latency, buffer=config.buffer),
                                  capacity=Capacity(upload=config.uplink, download=config.downlink))
+        member = _Member(index, node, kind, *self._services(node, kind))
+        self.members.append(member)
+        return member
+
+    def _services(self, node: SimNode, kind: str) -> tuple:
+        """A member's services over its data dir, as a daemon starting on it builds them: registry,
+        rounds, compute, CRDT, checkpoints, and the order to start them in."""
+        config = self.config
         data_dir = self.directory / node.name
         registry = RunRegistryService(data_dir)
         factor = config.slow_factor if kind == "slow" else 1.0
@@ -166,9 +178,7 @@ class _Run:
         compute = SimCompute()
         rounds = RoundService(registry, crdt, checkpoints, participant_factory=participant, compute=compute,
                               offload=run_inline)
-        member = _Member(index, node, kind, registry, rounds, compute, crdt, checkpoints, (registry, crdt, checkpoints, rounds))
-        self.members.append(member)
-        return member
+        return registry, rounds, compute, crdt, checkpoints, (registry, crdt, checkpoints, rounds)
 
     def _add_intruder(self, kind: str) -> _Intruder:
         config = self.config
@@ -194,6 +204,8 @@ class _Run:
         await intruder.crdt.pull(str(creator.node.peer_id), self.run_id)
         if intruder.kind == "sybil":
             await adversaries.attest_bogus_checkpoints(intruder.crdt, self.run_id, until_round=self.config.rounds)
+        elif intruder.kind == "spammer":
+            await adversaries.spam_ops(intruder.crdt, self.run_id, node.identity, until_round=self.config.rounds)
         else:
             await adversaries.commit_bombs(intruder.crdt, self.run_id, node.identity.public_key,
                                            intruder.checkpoints.directory, payload_bytes=self.config.payload_bytes,
@@ -207,7 +219,8 @@ class _Run:
 
     def _kinds(self) -> list[str]:
         config = self.config
-        kinds = ["honest"] + ["byzantine"] * config.byzantine + ["withholding"] * config.withholding + ["slow"] * config.slow
+        kinds = ["honest"] + ["byzantine"] * config.byzantine + ["withholding"] * config.withholding
+        kinds += ["restarter"] * config.restarters + ["slow"] * config.slow
         if len(kinds) > config.nodes:
             raise ValueError("byzantine + withholding + slow must leave at least one honest node (node 0, the creator)")
         return kinds + ["honest"] * (config.nodes - len(kinds))
@@ -228,8 +241,12 @@ class _Run:
                 for kind in rest[1:]:
                     joins.start_soon(self._join, self._add(kind), creator, self.rng.uniform(0, self.config.join_window))
             self.progress(f"t={trio.current_time():.1f}s: all {len(self.members)} nodes joined")
-            for kind in ["sybil"] * self.config.sybils + ["bomber"] * self.config.bombers:
+            config = self.config
+            for kind in ["sybil"] * config.sybils + ["bomber"] * config.bombers + ["spammer"] * config.spammers:
                 nursery.start_soon(self._intrude, self._add_intruder(kind), creator)
+            for member in self.members:
+                if member.kind == "restarter":
+                    nursery.start_soon(self._crash_after_commit, member, creator)
             if self.config.churn:
                 nursery.start_soon(self._churn, creator)
             await trio.sleep(self.config.run_timeout)
@@ -252,6 +269,28 @@ class _Run:
         await member.node.connect(creator.node.peer_id, creator.node.listen_addr)
         await member.registry.discovery.wait_seeded()
         await member.rounds.join(self.manifest)
+
+    async def _crash_after_commit(self, member: _Member, creator: _Member) -> None:
+        """Kill a restarter (kill -9) right after its commit in round RESTART_ROUND, and start it
+        again RESTART_DELAY later on its data dir: fresh services, its ops and payloads on disk."""
+        while True:
+            participation = member.participation(self.run_id)
+            work = None if participation is None else participation.work
+            if work is not None and work.round >= RESTART_ROUND and work.committed:
+                break
+            await trio.sleep(WATCH_SECONDS)
+        member.node.crash()
+        self.progress(f"t={trio.current_time():.1f}s: {member.name} killed after its commit in round {work.round}")
+        await trio.sleep(RESTART_DELAY)
+        registry, member.rounds, member.compute, member.crdt, member.checkpoints, member.services = (
+            self._services(member.node, member.kind))
+        member.registry = registry
+        await self.sim.restart(member.node)
+        assert member.node.nursery is not None
+        for service in member.services:
+            await member.node.nursery.start(service.run, member.node.node)
+        await member.node.connect(creator.node.peer_id, creator.node.listen_addr)
+        self.progress(f"t={trio.current_time():.1f}s: {member.name} restarted on its data dir")
 
     async def _churn(self, creator: _Member) -> None:
         """While round `churn_round` trains (and every `churn_every` rounds after), crash `churn`
