@@ -10,7 +10,6 @@ its buffer is allocated. Real libp2p nodes on loopback, a real participant and r
 
 from __future__ import annotations
 
-import hashlib
 import tracemalloc
 from pathlib import Path
 
@@ -19,6 +18,7 @@ import pytest
 import trio
 from multiaddr import Multiaddr
 
+from locomesh.netsim.adversaries import install_zero_chunk_bomb
 from locomesh.node import round_machine as rm
 from locomesh.node.checkpoint_download import CheckpointRefused, DownloadProgress, download_checkpoint
 from locomesh.node.checkpoint_service import CheckpointService
@@ -26,11 +26,7 @@ from locomesh.node.peer_scores import PeerScores
 from locomesh.node.round_work import RoundWork
 from locomesh.node.run_participation import RunParticipation
 from locomesh.node.runtime import Node
-from locomesh.protocol import compress
-from locomesh.protocol.files import atomic_write
-from locomesh.training.checkpoint import (
-    ChunkRef, LimitError, Manifest, chunk_path, load_checkpoint, manifest_path, write_checkpoint,
-)
+from locomesh.training.checkpoint import LimitError, load_checkpoint, manifest_path, write_checkpoint
 from locomesh.training.codec import encode
 from locomesh.training.participant import Participant, ParticipantError
 
@@ -46,20 +42,6 @@ TINY = {"d_model": 32, "n_layer": 1, "n_head": 2}  # 15,328 parameters: a payloa
 def participant(task_config: dict = TINY) -> Participant:
     body = {"task": "synthetic-lm", "task_config": task_config, "seed": 3, "hparams": {"inner_steps": 2, "batch_size": 4}}
     return Participant.for_run(body, MEMBERS[0].public_key)
-
-
-def zero_chunk_bomb(directory: Path, *, chunk_size: int, copies: int, run: bytes, metadata: dict) -> Manifest:
-    """Install in `directory` a checkpoint whose manifest names one zero chunk `copies` times: a
-    few kilobytes on the wire for `chunk_size x copies` bytes of state."""
-    frame = compress(bytes(chunk_size), level=1)
-    digest = hashlib.sha256(frame).digest()
-    manifest = Manifest.build(
-        raw_size=chunk_size * copies, chunk_size=chunk_size, chunks=[ChunkRef(digest, len(frame), chunk_size)] * copies,
-        round=ROUND, run=run, metadata=metadata, state_hash=bytes(32),
-    )
-    atomic_write(chunk_path(directory, digest), frame)
-    atomic_write(manifest_path(directory, manifest.id), manifest.encode())
-    return manifest
 
 
 class Pair:
@@ -102,7 +84,7 @@ async def test_a_payload_manifest_naming_one_zero_chunk_24_times_is_refused_befo
     fetches no chunk, strikes the attacker once (no retry) and gives the payload up at once."""
     pair = Pair(tmp_path)
     run = joined_replica(MEMBERS).run_id
-    bomb = zero_chunk_bomb(pair.attacker_dir, chunk_size=64 * MiB, copies=24, run=run, metadata={"kind": "payload"})
+    bomb = install_zero_chunk_bomb(pair.attacker_dir, run, ROUND, chunk_size=64 * MiB, copies=24)
     assert len(bomb.encode()) < 2048
     async with trio.open_nursery() as nursery:
         await pair.start(nursery)
@@ -161,7 +143,7 @@ async def test_a_state_manifest_of_4_tib_is_refused_at_sync_before_any_chunk_is_
     refused as it arrives, and its provider struck; loaded from the store, it is refused unallocated."""
     pair = Pair(tmp_path)
     run = joined_replica(MEMBERS).run_id
-    bomb = zero_chunk_bomb(pair.attacker_dir, chunk_size=64 * MiB, copies=65536, run=run, metadata={})
+    bomb = install_zero_chunk_bomb(pair.attacker_dir, run, ROUND, chunk_size=64 * MiB, copies=65536, metadata={})
     limits = participant().state_limits(run, ROUND)
     async with trio.open_nursery() as nursery:
         await pair.start(nursery)

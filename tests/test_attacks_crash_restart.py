@@ -20,7 +20,6 @@ import time
 from types import SimpleNamespace
 
 import trio
-from multiaddr import Multiaddr
 
 from locomesh.cli.client import RpcCallError
 from locomesh.cli.daemon_process import DaemonProcess
@@ -38,7 +37,7 @@ from locomesh.protocol.runs import load_manifest, parse_run_id, sign_manifest
 from locomesh.training.participant import payload_limits
 
 from .test_crdt_support import H1, H2, content_of, genesis, keys
-from .test_node_crdt_sync import LOOPBACK, wait_for
+from .test_node_crdt_sync import LOOPBACK
 
 ROUND_DEADLINE = 60.0
 
