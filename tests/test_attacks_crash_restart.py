@@ -193,7 +193,7 @@ def test_a_volunteer_killed_after_its_commit_restarts_unbanned_and_trains_on(tmp
     opens once the run is taken up), so all it knows of its own chain then is what its disk kept.
     It must not be banned, and must train on. (With three daemons every vote is needed, and a
     proposal the restarted node makes before it sees the others' can split the round's votes for
-    good: rounds have no timeout yet.)"""
+    good: a round is retried after its deadline, but votes are once per round.)"""
     log = open(tmp_path / "daemons.log", "wb")
     daemons = start_swarm(tmp_path, 4, log=log)
     victim = daemons[3]
@@ -226,6 +226,36 @@ def test_a_volunteer_killed_after_its_commit_restarts_unbanned_and_trains_on(tmp
         log.close()
     assert not any(s.get("banned") for s in final), [s.get("ban_reason") for s in final]
     assert all(s["members"] == 4 for s in final)
+
+
+def test_a_member_killed_before_its_commit_does_not_stall_a_three_member_run(tmp_path):
+    """Finding B: three daemons, one killed with SIGKILL while it trains a round. A quorum of three
+    needs all three votes: on bfb477a the other two sat in that round, past the run's deadline,
+    until the killed one came back. Now both say the round's deadline passed, the round is retried
+    without the dead member, and `run status` said meanwhile whom the round waited for. (The next
+    round then waits for the run's `min_peers`, 3 here: that is the run's own choice.)"""
+    log = open(tmp_path / "daemons.log", "wb")
+    daemons = start_swarm(tmp_path, 3, log=log)
+    try:
+        wait_connected(daemons)
+        run_id = create_run(daemons[0], {"inner_steps": 40, "round_deadline_s": 15, "min_peers": 3})
+        join_all(daemons, run_id)
+        victim = daemons[2]
+        victim_peer = victim.rpc().call("node.status")["peer_id"]
+        status = _wait_status(victim, run_id, lambda s: s["certified"] >= 2 and s["phase"] == "train", 180)
+        stalled = status["certified"] + 1
+        victim.process.send_signal(signal.SIGKILL)
+        victim.wait()
+        waiting = _wait_status(daemons[0], run_id, lambda s: s["phase"] == "voted", 60)["waiting"]
+        final = _wait_all(daemons[:2], run_id, lambda s: min(x["round"] for x in s) >= stalled, 120)
+    finally:
+        for daemon in daemons:
+            if daemon.process is not None and daemon.process.poll() is None:
+                daemon.stop()
+        log.close()
+    assert waiting["on"] == [victim_peer], waiting
+    assert final[0]["state_hash"] == final[1]["state_hash"]
+    assert final[0]["members"] == 3  # the dead member is still a member; only the stalled round went on without it
 
 
 class Forwarder:
