@@ -41,7 +41,7 @@ from multiaddr import Multiaddr
 from _report import machine, report  # bench/ is on sys.path when this file runs as a script
 
 from locomesh.cli.daemon_process import DaemonProcess
-from locomesh.node.checkpoint_download import ProviderSession
+from locomesh.node.transfer.download import ProviderSession
 from locomesh.node.runtime import Node
 from locomesh.protocol import Identity
 from locomesh.training.checkpoint import verify_chunk, write_checkpoint

@@ -107,7 +107,7 @@ def sync_over_libp2p(manifest: bytes, ops: list[bytes]) -> tuple[float, float]:
     import trio
     from multiaddr import Multiaddr
 
-    from locomesh.node.crdt_service import CrdtService
+    from locomesh.node.replication.service import CrdtService
     from locomesh.node.runtime import Node
 
     loopback = [Multiaddr("/ip4/127.0.0.1/tcp/0")]

@@ -1,8 +1,8 @@
 """`locomesh run create|list|info|join|leave|status`: make, find, join and follow training runs.
 
 All talk to the running daemon (``run.create``, ``run.list``, ``run.info``: see
-`locomesh.node.run_registry_service`; ``run.join``, ``run.leave``, ``run.status``: see
-`locomesh.node.round_service`). Exit status: 0 with
+`locomesh.node.runs.registry`; ``run.join``, ``run.leave``, ``run.status``: see
+`locomesh.node.rounds.service`). Exit status: 0 with
 the answer, 1 when the daemon answers with an error (a run not found, a bad
 setting: `run create` checks every setting and the task as a joiner would,
 and signs nothing they refuse), 2 for bad arguments, 3 when no daemon runs on

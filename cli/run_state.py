@@ -1,6 +1,6 @@
 """`locomesh run state RUN_ID`: the replicated state of a run, as the running daemon sees it.
 
-Calls ``run.state`` (see `locomesh.node.crdt_service`). Exit status as for the other `run`
+Calls ``run.state`` (see `locomesh.node.replication.service`). Exit status as for the other `run`
 actions: 0 with the answer, 1 when the daemon answers with an error (a run it does not
 replicate, a malformed ID), 3 when no daemon runs on the data dir.
 

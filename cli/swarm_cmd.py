@@ -32,7 +32,7 @@ from .daemon_process import DaemonError, DaemonProcess
 
 CONNECT_TIMEOUT = 20.0
 POLL_SECONDS = 0.5
-RUN_NOT_FOUND = -32004  # locomesh.node.run_registry_service.RUN_NOT_FOUND (no daemon imports here)
+RUN_NOT_FOUND = -32004  # locomesh.node.runs.registry.RUN_NOT_FOUND (no daemon imports here)
 DEFAULT_TASK = "synthetic-lm"
 
 

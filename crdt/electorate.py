@@ -20,9 +20,10 @@ Everything here is a pure function of the facts (facts.py) and the genesis, so o
 - **Attempts.** Round r's electorate starts as above (attempt 0). When more than a third of an
   attempt's electorate wrote `timeout` ops for it (the run's round deadline passed on their
   clocks with no certificate; more than a third, so at least one honest member saw it), the
-  next attempt's electorate is the members of this one that showed up in the round: committed,
-  voted, or timed out this attempt. A crashed member thus leaves a stalled round's electorate,
-  and the round can be certified without it.
+  next attempt's electorate is the members of this one that voted in the round or timed out
+  this attempt (a live member still at work on the round times out too). A member that crashed,
+  even after its commit or after a vote that never left it, thus leaves a stalled round's
+  electorate, and the round can be certified without it.
 - **Certificate.** Round r is certified with hash h when, in some attempt, more than two thirds
   of that attempt's electorate voted (r, h). Votes are per round, not per attempt (a second
   vote for one round is equivocation), and every attempt's electorate keeps every member that
@@ -146,7 +147,8 @@ def attempts(facts: Facts, round_: int, first: frozenset[bytes]) -> list[frozens
         timed_out = {a for a in current if attempt in timeouts.get(a, ())}
         if not is_more_than_a_third(len(timed_out), len(current)):
             break
-        chain.append(frozenset(a for a in current if a in timed_out or showed_up(facts, a, round_)))
+        voted = facts.votes_in(round_)
+        chain.append(frozenset(a for a in current if a in timed_out or a in voted))
     return chain
 
 

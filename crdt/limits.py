@@ -12,7 +12,7 @@ ops, for any round, without ever joining, and every replica would keep them for 
    named at genesis (genesis.py), which the manifest trusts and which need not train.
 2. **Caps per author and round** (`RULES`): at most `cap` ops of a kind per author per key (the
    round, and for a timeout the attempt too) along the author's own chain. The caps are above
-   what an honest node writes (run_participation.py, round_service.py): one commit, proposal and
+   what an honest node writes (node/rounds/participation.py and service.py): one commit, proposal and
    vote per round, which two of them already turn into a ban when they differ (so the cap is 2:
    the second is let in, and a conflicting pair shows as an equivocation; a third is refused);
    one checkpoint per round it aggregated (two after a restart in the middle of one); no attest
@@ -50,7 +50,7 @@ honest author).
 
 Known limit: rule 3 is relative to the causal past, so a member can still climb, AHEAD rounds
 per op it writes; what it can write per round stays capped, and the node's gossip rate limit per
-peer (node/crdt_service.py) bounds how fast. A replica started from a snapshot does not know the
+peer (node/replication/service.py) bounds how fast. A replica started from a snapshot does not know the
 chain links of the ops the snapshot covers; it takes them as permissive (a member, no counts, no
 top round, the snapshot's highest round as horizon) until snapshots carry the chain state.
 """
@@ -212,7 +212,7 @@ def earlier_statement(facts: Facts, author: bytes, op_type: str, fields: Mapping
     """What `author` already said that an op of `op_type` with `fields` would say again: "same"
     (the same vote, commitment, proposal or attestation: writing it again adds nothing), "conflict"
     (a different vote, commitment or proposal for the round: writing it is an equivocation, a
-    ban), or None. For the node's own writes after a restart (node/crdt_service.py)."""
+    ban), or None. For the node's own writes after a restart (node/replication/service.py)."""
     if op_type in ("checkpoint", "attest"):
         said = (author, fields["round"], fields["id"], fields["size"]) in facts.attests
         return "same" if said else None

@@ -87,7 +87,7 @@ class Replica:
         # Called (no arguments) after every op applied: how a reader waits for news without polling.
         self.listeners: list[Callable[[], None]] = []
         # Called with the bytes of every op applied, in the order applied (parents first): how a
-        # node keeps its replica on disk (node/op_log.py).
+        # node keeps its replica on disk (node/replication/op_log.py).
         self.sinks: list[Callable[[bytes], None]] = []
 
     @classmethod

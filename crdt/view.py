@@ -25,7 +25,7 @@ Everything here is a pure function of the facts (facts.py), so of the op set. Th
   one round, the commitments of its contributors; like `round_votes` it reads the facts'
   per-round index, so the round protocol can ask on every poll. A `propose` op names the
   commitments a round aggregates (`round_proposals`); the round protocol decides whose proposal
-  counts (node/round_machine.py).
+  counts (node/rounds/machine.py).
 - **Checkpoints**: a `checkpoint` op announces (round, id, size) and counts as its author's
   attestation; `attest` ops add more. Only the voters of a round's certificate attest its state
   (they computed it; a key that merely joined, or a member that did not vote that hash, has no

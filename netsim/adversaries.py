@@ -19,11 +19,11 @@ from pathlib import Path
 
 import trio
 
-from locomesh.node import checkpoint_wire as wire
-from locomesh.node.checkpoint_service import CheckpointService
+from locomesh.node.transfer import wire as wire
+from locomesh.node.transfer.service import CheckpointService
 from locomesh.crdt import Replica
 from locomesh.crdt.ops import content_id, op_content, seal_ops
-from locomesh.node.crdt_service import CrdtService
+from locomesh.node.replication.service import CrdtService
 from locomesh.protocol import Identity, compress
 from locomesh.protocol.kinds import MAX_SEAL_OPS
 from locomesh.protocol.files import atomic_write

@@ -33,20 +33,20 @@ from multiaddr import Multiaddr
 from locomesh.protocol import Identity
 from locomesh.protocol.files import remove_stray_temporaries
 
-from .checkpoint_service import CheckpointService
-from .config import NodeConfig
-from .crdt_service import CrdtService
-from .datadir import DataDir, RpcInfo
-from .host import addresses_in_use
-from .nat.services import nat_services
-from .ping import PingService
-from .rpc import RpcDispatcher
-from .round_service import RoundService
-from .rpc_server import RpcServer
-from .run_registry_service import RunRegistryService
-from .runtime import AddressInUse, Node
-from .service import Service
-from .streams import sole_exception
+from locomesh.node.transfer.service import CheckpointService
+from locomesh.node.config import NodeConfig
+from locomesh.node.replication.service import CrdtService
+from locomesh.node.datadir import DataDir, RpcInfo
+from locomesh.node.host import addresses_in_use
+from locomesh.node.nat.services import nat_services
+from locomesh.node.ping import PingService
+from locomesh.node.rpc.dispatch import RpcDispatcher
+from locomesh.node.rounds.service import RoundService
+from locomesh.node.rpc.server import RpcServer
+from locomesh.node.runs.registry import RunRegistryService
+from locomesh.node.runtime import AddressInUse, Node
+from locomesh.node.service import Service
+from locomesh.node.streams import sole_exception
 
 logger = logging.getLogger(__name__)
 

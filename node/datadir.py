@@ -6,8 +6,8 @@
         daemon.lock    held with an exclusive fcntl lock while a daemon runs; holds its PID
         rpc.json       {"port", "pid", "peer_id"}: where the running daemon's RPC listens
         rpc.cookie     the RPC secret for this start (0600), 64 hex characters
-        runs/          the runs it knows (`locomesh.node.run_store`)
-        crdt/          each run's op log: every op it applied there (`locomesh.node.op_log`)
+        runs/          the runs it knows (`locomesh.node.runs.store`)
+        crdt/          each run's op log: every op it applied there (`locomesh.node.replication.op_log`)
 
 `rpc.json` and `rpc.cookie` are written atomically once the RPC answers, and
 removed on a clean shutdown. A client therefore trusts them only while the

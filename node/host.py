@@ -45,7 +45,7 @@ from multiaddr import Multiaddr
 
 from locomesh.protocol import Identity
 
-from .meter import ByteMeter, MeteredTransport
+from locomesh.node.meter import ByteMeter, MeteredTransport
 
 DIAL_TIMEOUT = 10.0
 UPGRADE_TIMEOUT = 10.0

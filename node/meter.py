@@ -28,7 +28,7 @@ from libp2p.io.abc import ReadWriteCloser
 from libp2p.network.connection.raw_connection import RawConnection
 from multiaddr import Multiaddr
 
-from .whole_writes import WholeWriteStream
+from locomesh.node.whole_writes import WholeWriteStream
 
 
 @dataclass

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .metrics import Metrics
+from locomesh.node.metrics import Metrics
 
 REWARD = 1.0
 STRIKE_PENALTY = 25.0

@@ -23,9 +23,9 @@ import trio
 from locomesh.protocol import ProtocolError, decode, encode
 from locomesh.protocol.kinds import PING
 
-from .rpc import RpcError
-from .runtime import DialError, Node
-from .streams import close_quietly, read_frame, write_frame
+from locomesh.node.rpc.dispatch import RpcError
+from locomesh.node.runtime import DialError, Node
+from locomesh.node.streams import close_quietly, read_frame, write_frame
 
 PROTOCOL_ID = "/locomesh/ping/1.0.0"
 FRAME_TIMEOUT = 10.0

@@ -33,16 +33,16 @@ from multiaddr import Multiaddr
 from locomesh.node import version
 from locomesh.protocol import Identity
 
-from .bootstrap import Backoff, keep_connected
-from .host import DIAL_TIMEOUT, build_host
-from .meter import ByteMeter
-from .metrics import Metrics
-from .peer_scores import PeerScores
-from .peers import PeerTracker
-from .rpc import RpcRegistry
-from .service import SHUTDOWN_GRACE, Service
-from .stream_pool import StreamPool
-from .streams import Handler, guarded
+from locomesh.node.bootstrap import Backoff, keep_connected
+from locomesh.node.host import DIAL_TIMEOUT, build_host
+from locomesh.node.meter import ByteMeter
+from locomesh.node.metrics import Metrics
+from locomesh.node.peer_scores import PeerScores
+from locomesh.node.peers import PeerTracker
+from locomesh.node.rpc.dispatch import RpcRegistry
+from locomesh.node.service import SHUTDOWN_GRACE, Service
+from locomesh.node.transfer.stream_pool import StreamPool
+from locomesh.node.streams import Handler, guarded
 
 logger = logging.getLogger(__name__)
 

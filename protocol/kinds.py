@@ -136,7 +136,7 @@ CRDT_TIMEOUT = _op_kind("timeout", {"round": Int(1, 2**40), "attempt": Int(0, 63
 # An author's commitment to its encoded pseudo-gradient for a round: SHA-256 and length of the payload.
 MAX_PAYLOAD_SIZE = 2**31
 CRDT_COMMIT = _op_kind("commit", {"round": Int(1, 2**40), "hash": _hash, "size": Int(1, MAX_PAYLOAD_SIZE)}, 4 * KiB)
-# The round's proposer names the commitments everyone aggregates (node/round_machine.py).
+# The round's proposer names the commitments everyone aggregates (node/rounds/machine.py).
 MAX_PROPOSAL = 512
 CRDT_PROPOSE = _op_kind(
     "propose", {"round": Int(1, 2**40), "authors": List(_public_key, max_len=MAX_PROPOSAL, min_len=1)}, MAX_OP_SIZE

@@ -7,7 +7,7 @@ import random
 import pytest
 from multiaddr import Multiaddr
 
-from locomesh.node.anti_entropy import AntiEntropySchedule
+from locomesh.node.replication.anti_entropy import AntiEntropySchedule
 from locomesh.protocol.runs import sign_manifest
 
 from .test_node_crdt_sync import in_mesh, start_node, wait_for

@@ -19,12 +19,12 @@ import trio
 from multiaddr import Multiaddr
 
 from locomesh.netsim.adversaries import install_zero_chunk_bomb
-from locomesh.node import round_machine as rm
-from locomesh.node.checkpoint_download import CheckpointRefused, DownloadProgress, download_checkpoint
-from locomesh.node.checkpoint_service import CheckpointService
+from locomesh.node.rounds import machine as rm
+from locomesh.node.transfer.download import CheckpointRefused, DownloadProgress, download_checkpoint
+from locomesh.node.transfer.service import CheckpointService
 from locomesh.node.peer_scores import PeerScores
-from locomesh.node.round_work import RoundWork
-from locomesh.node.run_participation import RunParticipation
+from locomesh.node.rounds.work import RoundWork
+from locomesh.node.rounds.participation import RunParticipation
 from locomesh.node.runtime import Node
 from locomesh.training.checkpoint import LimitError, load_checkpoint, manifest_path, write_checkpoint
 from locomesh.training.codec import encode

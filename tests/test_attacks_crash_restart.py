@@ -3,7 +3,7 @@
 CRDT ops were held in memory only, so a node killed after its commit and restarted signed new ops
 at places of its chain it had used already: a fork, which the run bans. Now every op a node
 applies is kept in the run's op log on disk, its own synced before they are published
-(node/op_log.py); a restart loads it first, the round's payload committed before the crash is
+(node/replication/op_log.py); a restart loads it first, the round's payload committed before the crash is
 contributed again (a second, different commitment would be an equivocation too); and a ban of
 the node's own key is logged, shown by `run status`, and refuses `run join` with an exit code.
 """
@@ -25,12 +25,12 @@ from locomesh.cli.client import RpcCallError
 from locomesh.cli.daemon_process import DaemonProcess
 from locomesh.cli.swarm_cmd import create_run, join, join_all, start_swarm, wait_connected
 from locomesh.crdt import Replica, encode_op, op_id
-from locomesh.node.crdt_service import CrdtService
-from locomesh.node import round_machine as rm
-from locomesh.node.checkpoint_download import run_inline
+from locomesh.node.replication.service import CrdtService
+from locomesh.node.rounds import machine as rm
+from locomesh.node.transfer.download import run_inline
 from locomesh.node.datadir import IDENTITY_FILE
-from locomesh.node.op_log import OpLog, load_into
-from locomesh.node.run_participation import RunParticipation
+from locomesh.node.replication.op_log import OpLog, load_into
+from locomesh.node.rounds.participation import RunParticipation
 from locomesh.node.runtime import Node
 from locomesh.protocol import Identity
 from locomesh.protocol.runs import load_manifest, parse_run_id, sign_manifest
@@ -246,7 +246,8 @@ def test_a_member_killed_before_its_commit_does_not_stall_a_three_member_run(tmp
         stalled = status["certified"] + 1
         victim.process.send_signal(signal.SIGKILL)
         victim.wait()
-        waiting = _wait_status(daemons[0], run_id, lambda s: s["phase"] == "voted", 60)["waiting"]
+        waiting = _wait_status(daemons[0], run_id, lambda s: s["phase"] == "voted" and len(s["waiting"]["on"]) == 1,
+                               60)["waiting"]  # until the other live one's vote is in
         final = _wait_all(daemons[:2], run_id, lambda s: min(x["round"] for x in s) >= stalled, 120)
     finally:
         for daemon in daemons:

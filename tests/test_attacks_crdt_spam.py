@@ -4,7 +4,7 @@ In an open run any key could write unlimited valid ops, proposals for any round 
 joining: 4,096 ops (70 MiB) from a key that never joined were applied and kept for good. Now only
 members write anything but joins and evidence, each author writes a few ops per round, an op's
 round stays close to the rounds its causal past names (crdt/limits.py), and a peer that gossips
-past its budget has the excess dropped and is scored against (node/crdt_service.py).
+past its budget has the excess dropped and is scored against (node/replication/service.py).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from locomesh.crdt import Replica, encode_op, evidence_fields, op_id
 from locomesh.crdt.limits import AHEAD, BEHIND, MAX_ATTEMPT, RULES, Limits
 from locomesh.crdt.ops import decode_op
 from locomesh.netsim.adversaries import forged_chain as chain
-from locomesh.node.crdt_service import MAX_SERVED_PER_PEER, SYNC_PROTOCOL, CrdtService
+from locomesh.node.replication.service import MAX_SERVED_PER_PEER, SYNC_PROTOCOL, CrdtService
 from locomesh.node.streams import read_frame, write_frame
 from locomesh.protocol import ProtocolError, encode
 from locomesh.protocol.kinds import MAX_PROPOSAL

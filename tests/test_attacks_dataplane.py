@@ -15,12 +15,12 @@ import pytest
 import trio
 from multiaddr import Multiaddr
 
-from locomesh.node import checkpoint_wire as wire
-from locomesh.node.checkpoint_download import DownloadProgress, download_checkpoint
-from locomesh.node.checkpoint_service import CheckpointService
-from locomesh.node.dataplane import HANDSHAKE_PROTOCOL, DataPlaneServer, open_sealed_stream
-from locomesh.node.dataplane_crypto import TAG_SIZE, DataPlaneError, FrameSealer, SessionKeys
-from locomesh.node.dataplane_sessions import (
+from locomesh.node.transfer import wire as wire
+from locomesh.node.transfer.download import DownloadProgress, download_checkpoint
+from locomesh.node.transfer.service import CheckpointService
+from locomesh.node.transfer.dataplane import HANDSHAKE_PROTOCOL, DataPlaneServer, open_sealed_stream
+from locomesh.node.transfer.dataplane_crypto import TAG_SIZE, DataPlaneError, FrameSealer, SessionKeys
+from locomesh.node.transfer.dataplane_sessions import (
     FIRST_FRAME_TIMEOUT, HELLO, MAX_PENDING, MAX_PENDING_PER_PEER, MAX_SESSIONS_PER_PEER, MAX_UNAUTHENTICATED,
     MAX_UNAUTHENTICATED_PER_SOURCE, REQUEST_FRAME, SessionTable, UnauthenticatedConnections, source_of,
 )
@@ -235,7 +235,7 @@ async def test_a_provider_announcing_a_huge_frame_is_cut_off_and_the_asker_falls
         await nursery.start(provider.run)
         await nursery.start(asker.run)
         await nursery.start(DataPlaneServer("127.0.0.1", lying_serve).run, provider)
-        with caplog.at_level(logging.INFO, logger="locomesh.node.checkpoint_download"):
+        with caplog.at_level(logging.INFO, logger="locomesh.node.transfer.download"):
             with trio.fail_after(20):  # under the 30 s an asker waits for a frame
                 await _download(asker, tmp_path / "asker", checkpoint_id, [provider.listen_addresses()[0]], scores)
         nursery.cancel_scope.cancel()

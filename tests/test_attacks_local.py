@@ -38,11 +38,11 @@ from locomesh.node.nat import upnp
 from locomesh.node.nat.http_client import Url
 from locomesh.node.nat.mapping_errors import MappingError
 from locomesh.node.peer_scores import PeerScores
-from locomesh.node.rpc import INTERNAL_ERROR, RpcDispatcher, RpcRegistry
-from locomesh.node.rpc_server import MAX_CONNECTIONS, RpcServer
-from locomesh.node.round_service import BAD_RUN
-from locomesh.node.run_registry_service import DEFAULT_HPARAMS
-from locomesh.node.run_store import RunStore
+from locomesh.node.rpc.dispatch import INTERNAL_ERROR, RpcDispatcher, RpcRegistry
+from locomesh.node.rpc.server import MAX_CONNECTIONS, RpcServer
+from locomesh.node.rounds.service import BAD_RUN
+from locomesh.node.runs.registry import DEFAULT_HPARAMS
+from locomesh.node.runs.store import RunStore
 from locomesh.protocol import Identity
 from locomesh.protocol.runs import format_run_id, load_manifest, sign_manifest
 
@@ -169,7 +169,7 @@ async def test_rpc_replies_never_fail_on_a_value(caplog):
         return json.loads(await dispatcher.handle(json.dumps({"jsonrpc": "2.0", "id": 1, "method": method}).encode()))
 
     assert (await call("test.losses"))["result"] == {"loss": None, "history": [1.5, None, None]}
-    with caplog.at_level(logging.ERROR, logger="locomesh.node.rpc"):
+    with caplog.at_level(logging.ERROR, logger="locomesh.node.rpc.dispatch"):
         answers = [await call("test.unwritable") for _ in range(3)]
     assert all(answer["error"]["code"] == INTERNAL_ERROR and "test.unwritable" in answer["error"]["message"]
                for answer in answers)

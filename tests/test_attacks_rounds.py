@@ -1,11 +1,11 @@
 """Attacks on a round's liveness (issue #18, findings 1, 7 and B), on the pure round logic: the
-round machine (node/round_machine.py) driven event by event, and the run state (crdt/) through the
+round machine (node/rounds/machine.py) driven event by event, and the run state (crdt/) through the
 real Replica. The same attacks run against real nodes in netsim: tests/test_attacks_netsim.py."""
 
 from __future__ import annotations
 
 from locomesh.crdt import Replica
-from locomesh.node import round_machine as rm
+from locomesh.node.rounds import machine as rm
 
 from .test_crdt_support import genesis, keys
 
@@ -164,3 +164,16 @@ def test_a_minority_cannot_close_an_attempt_early():
     replica.create(X, "timeout", round=2, attempt=1)
     assert len(replica.attempts(2)) == 1
     assert replica.electorate(2) == {m.public_key for m in MEMBERS}
+
+
+def test_a_member_that_crashed_after_its_commit_leaves_the_retried_round_too():
+    """Z committed to round 2 and crashed before its vote left it: the next attempt keeps only who
+    voted or timed out, so X and Y certify the round without it."""
+    replica = _three_member_run()
+    for member in MEMBERS:
+        replica.create(member, "commit", round=2, hash=bytes([member.public_key[0]]) * 32, size=10)
+    for member in (X, Y):
+        replica.create(member, "vote", round=2, hash=H2)
+        replica.create(member, "timeout", round=2, attempt=0)
+    assert replica.attempts(2)[-1] == {X.public_key, Y.public_key}
+    assert replica.state.round == 2

@@ -12,8 +12,8 @@ import trio
 from multiaddr import Multiaddr
 
 from locomesh.dht import records
-from locomesh.node.checkpoint_service import CheckpointService
-from locomesh.node.run_registry_service import RunRegistryService
+from locomesh.node.transfer.service import CheckpointService
+from locomesh.node.runs.registry import RunRegistryService
 from locomesh.node.runtime import Node
 from locomesh.training.checkpoint import load_checkpoint, write_checkpoint
 

@@ -17,7 +17,7 @@ import trio
 from multiaddr import Multiaddr
 
 from locomesh.cli.daemon_process import DaemonProcess
-from locomesh.node import checkpoint_wire as wire
+from locomesh.node.transfer import wire as wire
 from locomesh.node.runtime import Node
 from locomesh.training.checkpoint import chunk_path, load_checkpoint, write_checkpoint
 

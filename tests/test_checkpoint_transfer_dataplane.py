@@ -11,9 +11,9 @@ import trio.testing
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from multiaddr import Multiaddr
 
-from locomesh.node.checkpoint_download import ProviderSession
-from locomesh.node.dataplane import HELLO, DataPlaneServer, SealedStream, open_sealed_stream
-from locomesh.node.dataplane_crypto import (
+from locomesh.node.transfer.download import ProviderSession
+from locomesh.node.transfer.dataplane import HELLO, DataPlaneServer, SealedStream, open_sealed_stream
+from locomesh.node.transfer.dataplane_crypto import (
     HEADER_SIZE, TAG_SIZE, DataPlaneError, FrameOpener, FrameSealer, derive_keys, transcript,
 )
 from locomesh.node.runtime import Node

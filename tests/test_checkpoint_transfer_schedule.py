@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from locomesh.node.download_schedule import DownloadSchedule, Outcome
+from locomesh.node.transfer.schedule import DownloadSchedule, Outcome
 
 SIZE = 1000
 

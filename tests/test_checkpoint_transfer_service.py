@@ -7,8 +7,8 @@ import torch
 import trio
 from multiaddr import Multiaddr
 
-from locomesh.node import checkpoint_wire as wire
-from locomesh.node.checkpoint_service import CheckpointService
+from locomesh.node.transfer import wire as wire
+from locomesh.node.transfer.service import CheckpointService
 from locomesh.node.runtime import Node
 from locomesh.node.streams import read_frame_or_eof, write_frame
 from locomesh.protocol import encode

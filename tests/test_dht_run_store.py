@@ -1,11 +1,11 @@
-"""The data dir's runs (`locomesh.node.run_store`) and the `run` command's argument parsing."""
+"""The data dir's runs (`locomesh.node.runs.store`) and the `run` command's argument parsing."""
 
 from __future__ import annotations
 
 import pytest
 
 from locomesh.cli.run_cmd import parse_setting
-from locomesh.node.run_store import RunStore
+from locomesh.node.runs.store import RunStore
 from locomesh.protocol import ProtocolError
 from locomesh.protocol.runs import format_run_id, run_id, sign_manifest
 

@@ -15,7 +15,7 @@ import trio
 from multiaddr import Multiaddr
 
 from locomesh.cli.status_cmd import format_status
-from locomesh.node.http11 import RequestParser, render_response
+from locomesh.node.rpc.http11 import RequestParser, render_response
 from locomesh.node.nat import natpmp, upnp
 from locomesh.node.nat.http_client import Url, parse_response, render_request
 from locomesh.node.nat.mapping_errors import MappingError

@@ -9,8 +9,8 @@ import trio
 from multiaddr import Multiaddr
 
 from locomesh.cli.run_state import format_state
-from locomesh.node.crdt_service import CrdtService, topic_of
-from locomesh.node.rpc import RpcError
+from locomesh.node.replication.service import CrdtService, topic_of
+from locomesh.node.rpc.dispatch import RpcError
 from locomesh.node.runtime import Node
 from locomesh.protocol.runs import format_run_id, sign_manifest
 

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from locomesh.node.http11 import HttpError, RequestParser, State, render_response
+from locomesh.node.rpc.http11 import HttpError, RequestParser, State, render_response
 
 
 def feed(data: bytes, **limits) -> RequestParser:

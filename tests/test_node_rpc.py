@@ -8,7 +8,7 @@ import math
 import pytest
 
 from locomesh.node.metrics import MAX_SERIES, Metrics
-from locomesh.node.rpc import (
+from locomesh.node.rpc.dispatch import (
     INTERNAL_ERROR,
     INVALID_PARAMS,
     INVALID_REQUEST,
@@ -178,7 +178,7 @@ def test_metric_series_are_capped_and_names_checked():
 async def test_the_rpc_server_over_real_sockets(nursery):
     import trio
 
-    from locomesh.node.rpc_server import RpcServer
+    from locomesh.node.rpc.server import RpcServer
 
     dispatcher, _ = make_dispatcher()
     rejected: list[str] = []

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from locomesh.node.round_service import _describe
+from locomesh.node.rounds.service import _describe
 
 
 def test_a_failure_names_the_exceptions_inside_the_nursery_groups():

@@ -1,8 +1,8 @@
-"""The round machine (node/round_machine.py) driven event by event: the paths through a round."""
+"""The round machine (node/rounds/machine.py) driven event by event: the paths through a round."""
 
 from __future__ import annotations
 
-from locomesh.node import round_machine as rm
+from locomesh.node.rounds import machine as rm
 
 A, B, C = b"a" * 32, b"b" * 32, b"c" * 32
 H1, H2 = b"\x01" * 32, b"\x02" * 32

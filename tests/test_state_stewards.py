@@ -1,4 +1,4 @@
-"""State stewards (node/round_machine.py `state_stewards`): each round, a few members store the new
+"""State stewards (node/rounds/machine.py `state_stewards`): each round, a few members store the new
 state for peers that sync; every member attests its checkpoint ID, and a syncing peer asks the
 stewards first."""
 
@@ -9,9 +9,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from locomesh.node import round_machine as rm
-from locomesh.node.checkpoint_download import run_inline
-from locomesh.node.run_participation import RunParticipation
+from locomesh.node.rounds import machine as rm
+from locomesh.node.transfer.download import run_inline
+from locomesh.node.rounds.participation import RunParticipation
 from locomesh.protocol import peer_id_from_public_key
 from locomesh.training.checkpoint import manifest_path
 from locomesh.training.participant import StateSnapshot

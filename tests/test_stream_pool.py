@@ -1,4 +1,4 @@
-"""Idle data plane streams kept for the next download from the same provider (node/stream_pool.py)."""
+"""Idle data plane streams kept for the next download from the same provider (node/transfer/stream_pool.py)."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ import trio
 import trio.testing
 from multiaddr import Multiaddr
 
-from locomesh.node import checkpoint_download
-from locomesh.node.checkpoint_download import DownloadProgress, download_checkpoint
-from locomesh.node.checkpoint_service import CheckpointService
+from locomesh.node.transfer import download as checkpoint_download
+from locomesh.node.transfer.download import DownloadProgress, download_checkpoint
+from locomesh.node.transfer.service import CheckpointService
 from locomesh.node.peer_scores import PeerScores
 from locomesh.node.runtime import Node
-from locomesh.node.stream_pool import StreamPool
+from locomesh.node.transfer.stream_pool import StreamPool
 from locomesh.training.checkpoint import write_checkpoint
 
 LOOPBACK = [Multiaddr("/ip4/127.0.0.1/tcp/0")]

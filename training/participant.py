@@ -1,6 +1,6 @@
 """One peer's share of a DiLoCo run: its inner worker, its codec, and the shared outer state.
 
-The round protocol (`locomesh.node.round_machine`) decides *when*; this module does the work, with
+The round protocol (`locomesh.node.rounds.machine`) decides *when*; this module does the work, with
 no I/O besides checkpoint files:
 
 - `train()`: H inner AdamW steps from θ_r on this peer's shard, the pseudo-gradient encoded

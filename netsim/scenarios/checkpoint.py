@@ -7,11 +7,11 @@ the simulated network. Every node has the same access link: `uplink` bytes/s
 up (100 Mbit/s by default), `downlink` down (1 Gbit/s), so a provider's
 upload is the bottleneck, as on home connections.
 
-The checkpoint data plane (`node/dataplane.py`, a raw TCP side channel) does
+The checkpoint data plane (`node/transfer/dataplane.py`, a raw TCP side channel) does
 not exist in the simulator, which carries libp2p connections only; the
 service runs with ``dataplane=False`` and every chunk travels on a libp2p
 (Yamux) stream. Store work (hashing, file writes) runs inline
-(`checkpoint_download.run_inline`): in a worker thread its real duration
+(`transfer.download.run_inline`): in a worker thread its real duration
 would let virtual time run ahead and the same seed would not give the same
 run. Files go to a temporary directory, removed afterwards.
 
@@ -47,8 +47,8 @@ import torch
 import trio
 
 from locomesh.dht.discovery import Discovery
-from locomesh.node.checkpoint_download import DownloadProgress, run_inline
-from locomesh.node.checkpoint_service import CheckpointService
+from locomesh.node.transfer.download import DownloadProgress, run_inline
+from locomesh.node.transfer.service import CheckpointService
 
 from .. import clock
 from ..links import Capacity, LinkProfile

@@ -44,12 +44,12 @@ from pathlib import Path
 
 import trio
 
-from locomesh.node.checkpoint_download import run_inline
-from locomesh.node.checkpoint_service import CheckpointService
-from locomesh.node.crdt_service import CrdtService
-from locomesh.node.round_service import RoundService
-from locomesh.node.run_participation import RunParticipation
-from locomesh.node.run_registry_service import DEFAULT_HPARAMS, RunRegistryService
+from locomesh.node.transfer.download import run_inline
+from locomesh.node.transfer.service import CheckpointService
+from locomesh.node.replication.service import CrdtService
+from locomesh.node.rounds.service import RoundService
+from locomesh.node.rounds.participation import RunParticipation
+from locomesh.node.runs.registry import DEFAULT_HPARAMS, RunRegistryService
 from locomesh.protocol.runs import load_manifest, sign_manifest
 
 from .. import clock

@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 
 import trio
 
-from .mapping_errors import MappingError
+from locomesh.node.nat.mapping_errors import MappingError
 
 MAX_HEAD = 8 * 1024
 MAX_BODY = 64 * 1024

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import trio
 
-from .mapping_errors import MappingError
+from locomesh.node.nat.mapping_errors import MappingError
 
 PORT = 5351
 VERSION = 0

@@ -41,11 +41,11 @@ import trio
 
 from locomesh.node.service import SHUTDOWN_GRACE
 
-from .addresses import tcp_address, tcp_endpoint
-from .mapping_errors import MappingError
-from .natpmp import NatPmpClient
-from .reachability import PRIVATE, PUBLIC
-from .upnp import SSDP_ADDRESS, UpnpClient
+from locomesh.node.nat.addresses import tcp_address, tcp_endpoint
+from locomesh.node.nat.mapping_errors import MappingError
+from locomesh.node.nat.natpmp import NatPmpClient
+from locomesh.node.nat.reachability import PRIVATE, PUBLIC
+from locomesh.node.nat.upnp import SSDP_ADDRESS, UpnpClient
 
 if TYPE_CHECKING:
     from locomesh.node.runtime import Node

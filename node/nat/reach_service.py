@@ -36,15 +36,15 @@ from libp2p.exceptions import BaseLibp2pError
 from libp2p.peer.id import ID
 from multiaddr import Multiaddr
 
-from locomesh.node.rpc import RpcError
+from locomesh.node.rpc.dispatch import RpcError
 from locomesh.node.runtime import DialError, Node
 from locomesh.node.streams import close_quietly, read_frame, write_frame
 from locomesh.protocol import Envelope, ProtocolError, decode, encode
 from locomesh.protocol.kinds import REACH_DELEGATE, REACH_DIALBACK, REACH_REQUEST, REACH_RESULT
 
-from .addresses import addrs_at_ip, tcp_address, tcp_endpoint
-from .connections import DIRECT, facts_of, facts_of_stream
-from .reachability import UNKNOWN, RateLimiter, ReachabilityTracker
+from locomesh.node.nat.addresses import addrs_at_ip, tcp_address, tcp_endpoint
+from locomesh.node.nat.connections import DIRECT, facts_of, facts_of_stream
+from locomesh.node.nat.reachability import UNKNOWN, RateLimiter, ReachabilityTracker
 
 logger = logging.getLogger(__name__)
 

@@ -46,8 +46,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..rate_limit import RateLimiter  # noqa: F401 - re-exported: it was born here
-from .addresses import tcp_endpoint
+from locomesh.node.rate_limit import RateLimiter  # noqa: F401 - re-exported: it was born here
+from locomesh.node.nat.addresses import tcp_endpoint
 
 PUBLIC, PRIVATE, UNKNOWN = "public", "private", "unknown"
 

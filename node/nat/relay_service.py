@@ -55,14 +55,14 @@ from libp2p.relay.circuit_v2.transport import CircuitV2Transport
 from libp2p.tools.anyio_service import background_trio_service
 from multiaddr import Multiaddr
 
-from locomesh.node.rpc import RpcError
+from locomesh.node.rpc.dispatch import RpcError
 from locomesh.node.runtime import DialError, Node
 from locomesh.node.streams import close_quietly, reset_quietly
 
-from .addresses import is_relayed, tcp_endpoint
-from .circuit_relay import CircuitRelay
-from .connections import DIRECT, RELAYED, facts_of
-from .reachability import PRIVATE, PUBLIC
+from locomesh.node.nat.addresses import is_relayed, tcp_endpoint
+from locomesh.node.nat.circuit_relay import CircuitRelay
+from locomesh.node.nat.connections import DIRECT, RELAYED, facts_of
+from locomesh.node.nat.reachability import PRIVATE, PUBLIC
 
 logger = logging.getLogger(__name__)
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .port_mapping import PortMappingService
-from .reach_service import ReachabilityService, advertised_addrs
-from .relay_service import RelayService
+from locomesh.node.nat.port_mapping import PortMappingService
+from locomesh.node.nat.reach_service import ReachabilityService, advertised_addrs
+from locomesh.node.nat.relay_service import RelayService
 
 
 def nat_services(

@@ -40,9 +40,9 @@ import trio
 from defusedxml import DefusedXmlException
 from defusedxml import ElementTree as defused
 
-from . import http_client
-from .http_client import Url
-from .mapping_errors import MappingError
+from locomesh.node.nat import http_client
+from locomesh.node.nat.http_client import Url
+from locomesh.node.nat.mapping_errors import MappingError
 
 SSDP_ADDRESS = ("239.255.255.250", 1900)
 IGD_DEVICE = "urn:schemas-upnp-org:device:InternetGatewayDevice:1"

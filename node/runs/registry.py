@@ -31,9 +31,9 @@ from locomesh.protocol.runs import format_run_id, parse_run_id, short_run_id, si
 
 from locomesh.training.run_settings import RULES, RunSettingsError, check_run_settings, default_hparams
 
-from .rpc import RpcError
-from .run_store import KnownRun, RunStore
-from .runtime import Node
+from locomesh.node.rpc.dispatch import RpcError
+from locomesh.node.runs.store import KnownRun, RunStore
+from locomesh.node.runtime import Node
 
 logger = logging.getLogger(__name__)
 

@@ -46,10 +46,10 @@ from typing import Any
 
 import trio
 
-from . import metrics as metrics_module
-from .http11 import HttpError, Request, RequestParser, State, render_response
-from .rpc import INVALID_REQUEST, RpcDispatcher
-from .runtime import AddressInUse, ListenError
+from locomesh.node import metrics as metrics_module
+from locomesh.node.rpc.http11 import HttpError, Request, RequestParser, State, render_response
+from locomesh.node.rpc.dispatch import INVALID_REQUEST, RpcDispatcher
+from locomesh.node.runtime import AddressInUse, ListenError
 
 logger = logging.getLogger(__name__)
 

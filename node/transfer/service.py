@@ -1,6 +1,6 @@
 """The checkpoint service: serve local checkpoints' manifests and chunks, and download others'.
 
-Serving (`/locomesh/ckpt/1`, see `checkpoint_wire`): a stream carries any
+Serving (`/locomesh/ckpt/1`, see `wire`): a stream carries any
 number of requests. At most `max_uploads` requests are served at once across
 all streams; one more gets a ``busy`` answer at once (backpressure the asker
 understands) instead of queueing unboundedly. The store is the data dir's
@@ -44,14 +44,14 @@ from locomesh.dht import records
 from locomesh.dht.discovery import Discovery, DiscoveryError
 from locomesh.training.checkpoint_manifest import CheckpointError, Manifest, chunk_path, manifest_path, read_manifest
 
-from . import checkpoint_wire as wire
-from .checkpoint_download import (
+from locomesh.node.transfer import wire as wire
+from locomesh.node.transfer.download import (
     MAX_WINDOW, TRANSPORTS, DownloadError, DownloadProgress, Offload, download_checkpoint, parse_provider,
 )
-from .dataplane import DataPlaneServer
-from .peer_scores import PeerScores
-from .rpc import RpcError
-from .runtime import Node
+from locomesh.node.transfer.dataplane import DataPlaneServer
+from locomesh.node.peer_scores import PeerScores
+from locomesh.node.rpc.dispatch import RpcError
+from locomesh.node.runtime import Node
 
 logger = logging.getLogger(__name__)
 

@@ -9,10 +9,10 @@ service, whose parts it uses. RPC methods:
 
 Joining finds the run (locally or in the DHT), announces this node as a participant in the DHT,
 connects to the run's other participants, pulls their CRDT state (with our own ops: the run's op
-log on disk already gave them back after a restart, node/op_log.py), and writes a `join` op naming
+log on disk already gave them back after a restart, node/replication/op_log.py), and writes a `join` op naming
 the first round this node trains in: the next one, or the one after it when a round is already
 under way (a late joiner enters at a round boundary and never enlarges the electorate of a round
-it cannot finish). The participation itself (`run_participation.py`) first syncs the certified
+it cannot finish). The participation itself (`participation.py`) first syncs the certified
 state, then trains. Runs joined before a restart are taken up again when the node starts.
 
 A key the run has banned (it equivocated: crdt/view.py) takes no further part: `run.join` fails
@@ -34,13 +34,13 @@ from locomesh.protocol import ProtocolError
 from locomesh.protocol.runs import format_run_id, load_manifest, parse_run_id, short_run_id
 from locomesh.training.run_settings import ParticipantError, RoundSettings
 
-from .checkpoint_service import CheckpointService
-from .crdt_service import CrdtService
-from .rpc import RpcError
-from .round_machine import Timing, first_round_to_join
-from .run_participation import Compute, RunParticipation
-from .run_registry_service import BAD_RUN, RUN_NOT_FOUND, RunRegistryService
-from .runtime import DialError, Node
+from locomesh.node.transfer.service import CheckpointService
+from locomesh.node.replication.service import CrdtService
+from locomesh.node.rpc.dispatch import RpcError
+from locomesh.node.rounds.machine import Timing, first_round_to_join
+from locomesh.node.rounds.participation import Compute, RunParticipation
+from locomesh.node.runs.registry import BAD_RUN, RUN_NOT_FOUND, RunRegistryService
+from locomesh.node.runtime import DialError, Node
 
 logger = logging.getLogger(__name__)
 

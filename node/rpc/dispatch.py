@@ -1,4 +1,4 @@
-"""JSON-RPC 2.0: the method registry and the dispatcher (no I/O; the HTTP layer is in `rpc_server`).
+"""JSON-RPC 2.0: the method registry and the dispatcher (no I/O; the HTTP layer is in `server`).
 
 Services add methods to the node's `RpcRegistry`::
 

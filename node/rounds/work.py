@@ -1,4 +1,4 @@
-"""What one peer keeps about the rounds of a run it takes part in (`run_participation`).
+"""What one peer keeps about the rounds of a run it takes part in (`participation`).
 
 - `RoundWork`: the round being worked on: our payload, the others' payloads as they arrive,
   timings, and the cancel scopes of its fetches and tasks;
@@ -16,7 +16,7 @@ from typing import Any
 
 import trio
 
-from .round_events import RoundDone
+from locomesh.node.rounds.events import RoundDone
 
 
 @dataclass

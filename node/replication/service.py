@@ -21,7 +21,7 @@ The CRDT itself (`locomesh.crdt`) is pure; this service only moves bytes:
   brings any honest op that was dropped. A peer gets at most `MAX_SERVED_PER_PEER` sync streams
   served at once (`MAX_SERVED` in all) and `SERVE_RATE` bytes of answers. What one *author* may
   write (members only, per-round caps) is the CRDT's rule (crdt/limits.py).
-* **On disk.** Every op applied is appended to the run's op log (node/op_log.py); this node's own
+* **On disk.** Every op applied is appended to the run's op log (node/replication/op_log.py); this node's own
   ops are synced to disk before they are published, the others' at least every `LOG_SYNC`
   seconds. `open_run` loads the log into the replica before anything else, so a restarted node
   signs its next op after its own newest one: reusing a place in its chain would be a fork, a ban.
@@ -33,7 +33,7 @@ The CRDT itself (`locomesh.crdt`) is pure; this service only moves bytes:
   (our own chain is then what the peers hold too).
 * **RPC** ``run.state(run_id)``: the materialised state of a run this node replicates.
 
-Runs replicated: those created or joined in the data dir (`locomesh.node.run_store`), looked for
+Runs replicated: those created or joined in the data dir (`locomesh.node.runs.store`), looked for
 again at every sync sweep, plus any given to `open_run`. Equivocations seen by this node are
 published as evidence ops.
 """
@@ -59,13 +59,13 @@ from locomesh.protocol import ProtocolError, decode, encode, peer_id_from_public
 from locomesh.protocol.kinds import CRDT_OPS, MAX_BATCH_OPS
 from locomesh.protocol.runs import format_run_id, parse_run_id, short_run_id
 
-from .anti_entropy import FANOUT, MAX_INTERVAL, AntiEntropySchedule
-from .op_log import OpLog, load_into
-from .rate_limit import RateLimiter
-from .rpc import RpcError
-from .run_store import RunStore
-from .runtime import DialError, Node
-from .streams import close_quietly, read_frame, read_frame_or_eof, write_frame
+from locomesh.node.replication.anti_entropy import FANOUT, MAX_INTERVAL, AntiEntropySchedule
+from locomesh.node.replication.op_log import OpLog, load_into
+from locomesh.node.rate_limit import RateLimiter
+from locomesh.node.rpc.dispatch import RpcError
+from locomesh.node.runs.store import RunStore
+from locomesh.node.runtime import DialError, Node
+from locomesh.node.streams import close_quietly, read_frame, read_frame_or_eof, write_frame
 
 logger = logging.getLogger(__name__)
 

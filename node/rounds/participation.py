@@ -1,6 +1,6 @@
 """Taking part in one run: the trio layer that carries out the round machine's actions.
 
-`RoundMachine` (round_machine.py) decides; this module does the I/O it asks for, and nothing
+`RoundMachine` (machine.py) decides; this module does the I/O it asks for, and nothing
 else:
 
 - training and the outer step run in a worker thread (torch and numpy release the GIL), one at a
@@ -42,10 +42,10 @@ from locomesh.protocol.runs import short_run_id
 from locomesh.training.checkpoint_manifest import Manifest, manifest_path, read_manifest
 from locomesh.training.run_settings import TrainingDiverged
 
-from . import round_machine as rm
-from .checkpoint_download import REFUSED, DownloadError, DownloadProgress, Offload, checkpoint_store, download_checkpoint
-from .round_work import RoundRecord, RoundWork, TrainingAhead
-from .runtime import Node
+from locomesh.node.rounds import machine as rm
+from locomesh.node.transfer.download import REFUSED, DownloadError, DownloadProgress, Offload, checkpoint_store, download_checkpoint
+from locomesh.node.rounds.work import RoundRecord, RoundWork, TrainingAhead
+from locomesh.node.runtime import Node
 
 logger = logging.getLogger(__name__)
 

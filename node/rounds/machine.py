@@ -54,9 +54,9 @@ part in round c + 1:
    in the round (a member that crashed before committing leaves it), proposers take their turns
    again in a new order, and the round can be certified without the missing.
 
-Nothing here touches the network, the disk or the clock. The service (`round_service.py`) feeds
+Nothing here touches the network, the disk or the clock. The service (`service.py`) feeds
 in `Observation`s (what the CRDT says now, and the time) and the completions of the work the
-machine asked for; each call returns the `Action`s to carry out (the vocabulary: `round_events`).
+machine asked for; each call returns the `Action`s to carry out (the vocabulary: `events`).
 The simulator and the tests drive exactly this code.
 
 Rules of this file
@@ -77,7 +77,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
-from .round_events import (  # noqa: F401 - re-exported: callers import the vocabulary from here too
+from locomesh.node.rounds.events import (  # noqa: F401 - re-exported: callers import the vocabulary from here too
     Action, Aggregated, Author, Discard, Event, Fetch, Fetched, Observation, PayloadId, Phase, PublishCommit,
     PublishJoin, PublishProposal, PublishTimeout, PublishVote, RoundDone, StartAggregate, StartSync, StartTraining,
     StopTraining, Synced, Trained,

@@ -1,6 +1,6 @@
-"""What the round machine (`round_machine`) reads and asks for: its phases, the events fed to it
+"""What the round machine (`machine`) reads and asks for: its phases, the events fed to it
 and the actions it returns. Plain frozen values, no behaviour: the machine, the service that
-carries out its actions (`run_participation`), the simulator and the tests all speak them.
+carries out its actions (`participation`), the simulator and the tests all speak them.
 """
 
 from __future__ import annotations

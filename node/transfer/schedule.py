@@ -4,7 +4,7 @@ Theory of operation
 -------------------
 A download wants a set of chunks (those not stored yet, so a resumed download
 asks only for the rest) from a list of providers. Nothing here does I/O: the
-trio layer (`checkpoint_download`) runs a few workers per provider, each asks
+trio layer (`download`) runs a few workers per provider, each asks
 `next_chunk(provider)` for work, fetches it, verifies it, and reports the
 `Outcome` with `record(...)`. The schedule decides:
 
@@ -37,7 +37,7 @@ trio layer (`checkpoint_download`) runs a few workers per provider, each asks
   provider again; after `max_strikes` strikes the provider is dropped from
   this download. "not-found" excludes the provider for that chunk, and drops
   it if it has delivered no chunk yet: a provider serves only checkpoints whose
-  manifest it holds (`checkpoint_service`), so a first answer of not-found
+  manifest it holds (`service`), so a first answer of not-found
   almost always means it holds none of it (a peer that has not fetched that
   payload yet), while one that has delivered chunks lost only some. Without the
   drop, every such provider was asked for every chunk: with 8 daemons, 6

@@ -41,12 +41,12 @@ from locomesh.training.checkpoint_manifest import (
     MAX_MANIFEST_SIZE, CheckpointError, LimitError, Manifest, ManifestLimits, read_manifest,
 )
 
-from . import checkpoint_wire as wire
-from .dataplane import SealedStream, open_sealed_stream
-from .download_schedule import DownloadSchedule, Outcome
-from .peer_scores import PeerScores
-from .runtime import DialError, Node
-from .streams import close_quietly, error_code, reset_quietly
+from locomesh.node.transfer import wire as wire
+from locomesh.node.transfer.dataplane import SealedStream, open_sealed_stream
+from locomesh.node.transfer.schedule import DownloadSchedule, Outcome
+from locomesh.node.peer_scores import PeerScores
+from locomesh.node.runtime import DialError, Node
+from locomesh.node.streams import close_quietly, error_code, reset_quietly
 
 logger = logging.getLogger(__name__)
 

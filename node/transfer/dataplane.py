@@ -9,7 +9,7 @@ How a connection comes to be::
       | derive keys; TCP connect to the provider's IP, `port`                     |
       | -- sealed frame 0: HELLO ------------------------------------------------>|  which pending keys open it?
       | <-- sealed frame 0: READY ------------------------------------------------|  that session, used once
-      | <== sealed request/answer frames (the `checkpoint_wire` exchange) =====>  |
+      | <== sealed request/answer frames (the `wire` exchange) =====>  |
 
 The provider finds the session by trying each pending session's key on the
 first frame (there are few, and a wrong key fails its tag check at once), so
@@ -43,21 +43,21 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from locomesh.protocol import Envelope, encode
 from locomesh.protocol.kinds import CKPT_DATAPLANE_HELLO, CKPT_DATAPLANE_OFFER, MAX_CKPT_PAYLOAD
 
-from .checkpoint_wire import read_signed, remote_peer
-from .dataplane_crypto import HEADER_SIZE, TAG_SIZE, DataPlaneError, FrameOpener, FrameSealer, SessionKeys, derive_keys, transcript
-from .dataplane_sessions import (
+from locomesh.node.transfer.wire import read_signed, remote_peer
+from locomesh.node.transfer.dataplane_crypto import HEADER_SIZE, TAG_SIZE, DataPlaneError, FrameOpener, FrameSealer, SessionKeys, derive_keys, transcript
+from locomesh.node.transfer.dataplane_sessions import (
     ANSWER_FRAME, FIRST_FRAME, FIRST_FRAME_TIMEOUT, HELLO, READY, REQUEST_FRAME, SessionTable,
     UnauthenticatedConnections, source_of,
 )
-from .peer_scores import PeerScores
-from .runtime import Node
-from .streams import close_quietly, error_code, write_frame
+from locomesh.node.peer_scores import PeerScores
+from locomesh.node.runtime import Node
+from locomesh.node.streams import close_quietly, error_code, write_frame
 
 logger = logging.getLogger(__name__)
 
 HANDSHAKE_PROTOCOL = "/locomesh/ckpt-dataplane/2"  # 2: the provider answers the hello before any request
 HANDSHAKE_TIMEOUT = 10.0
-MAX_FRAME = MAX_CKPT_PAYLOAD + 64  # the largest frame there can be: one checkpoint_wire frame, length and payload
+MAX_FRAME = MAX_CKPT_PAYLOAD + 64  # the largest frame there can be: one `wire` frame, length and payload
 MAX_RECEIVE = 4 * 1024 * 1024
 # Frames an authenticated connection's peer is struck for; the header is authenticated only with its frame,
 # but no honest peer sends either, and a peer is only known once its connection has proved its keys.

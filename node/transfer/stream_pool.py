@@ -9,7 +9,7 @@ request was answered in full is at a frame boundary, so the next download can go
 
 Rules: a stream goes back only after a complete answer (a cancelled or failed request resets
 it instead); it is reused for at most `IDLE_SECONDS` (well under the provider's idle timeout of
-60 s, `checkpoint_service.IDLE_TIMEOUT`); at most `PER_PEER` wait per provider. A reused
+60 s, `service.IDLE_TIMEOUT`); at most `PER_PEER` wait per provider. A reused
 stream may still have died meanwhile (the provider restarted): the caller asks again on a fresh
 one (`ProviderSession.ask`).
 """
@@ -20,10 +20,10 @@ from typing import Any
 
 import trio
 
-from .streams import close_quietly
+from locomesh.node.streams import close_quietly
 
 IDLE_SECONDS = 20.0
-PER_PEER = 4  # a download runs up to checkpoint_download.MAX_WINDOW (4) streams per provider
+PER_PEER = 4  # a download runs up to download.MAX_WINDOW (4) streams per provider
 
 
 class StreamPool:

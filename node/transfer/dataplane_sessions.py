@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 from locomesh.protocol.kinds import CKPT_GET_CHUNK, CKPT_GET_MANIFEST
 
-from .dataplane_crypto import DataPlaneError, FrameOpener, SessionKeys
+from locomesh.node.transfer.dataplane_crypto import DataPlaneError, FrameOpener, SessionKeys
 
 HELLO = b"locomesh/dataplane/hello/v2"
 READY = b"locomesh/dataplane/ready/v2"

@@ -28,7 +28,7 @@ from typing import Any
 from locomesh.protocol import Envelope, Identity, MessageKind, ProtocolError, decode, encode
 from locomesh.protocol.kinds import CKPT_GET_CHUNK, CKPT_GET_MANIFEST, CKPT_REPLY, CKPT_REQUEST_KINDS
 
-from .streams import read_frame, read_frame_or_eof, write_frame
+from locomesh.node.streams import read_frame, read_frame_or_eof, write_frame
 
 PROTOCOL_ID = "/locomesh/ckpt/1"
 OK, BUSY, NOT_FOUND = "ok", "busy", "not-found"

@@ -1,0 +1,13 @@
+"""Moving checkpoints between peers: serving, multi-source downloads, the sealed data plane.
+
+Modules, one job each:
+
+* `wire`: the request/answer protocol of `/locomesh/ckpt/1` (manifest and chunk requests);
+* `service`: `CheckpointService`, which serves the local store and runs downloads for RPC;
+* `download`: one multi-source download, every chunk verified, size limits checked first;
+* `schedule`: which chunk to ask which provider for (sans-IO);
+* `stream_pool`: data-plane streams kept per provider and reused;
+* `dataplane`: a plain TCP listener beside libp2p whose every byte is sealed;
+* `dataplane_crypto`: its key agreement and frame sealing (AES-GCM);
+* `dataplane_sessions`: its caps on what any peer or stranger can make it hold (sans-IO).
+"""
