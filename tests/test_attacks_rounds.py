@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from locomesh.crdt import Replica
 from locomesh.node.rounds import machine as rm
+from locomesh.node.rounds.status import waiting_on
 
 from .test_crdt_support import genesis, keys
 
@@ -99,14 +100,14 @@ def test_a_round_past_its_deadline_says_so_once_per_attempt_and_a_new_attempt_re
 def test_run_status_says_what_a_round_waits_for_and_on_whom():
     machine = rm.RoundMachine(ME)
     machine.handle(seen(0.0))
-    assert machine.waiting_on() == ("our inner steps", frozenset({ME}))
+    assert waiting_on(machine) == ("our inner steps", frozenset({ME}))
     machine.handle(rm.Trained(1, b"m" * 32, 10, 1.0, 1.0))
     machine.handle(seen(1.1, commits={A: (b"pa" * 16, 10)}))
-    what, on = machine.waiting_on()
+    what, on = waiting_on(machine)
     assert what == "commits and payloads until the cutoff" and on == {A, B, W}
     machine.handle(rm.Fetched(1, A, True, 1.2))
     machine.handle(seen(10.0, commits={A: (b"pa" * 16, 10)}))  # cut; W's turn to propose
-    assert machine.waiting_on() == ("the round's proposal", frozenset({W}))
+    assert waiting_on(machine) == ("the round's proposal", frozenset({W}))
 
 
 # --- the run state: a crashed member leaves a stalled round's electorate -----------------------

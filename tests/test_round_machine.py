@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from locomesh.node.rounds import machine as rm
 
 A, B, C = b"a" * 32, b"b" * 32, b"c" * 32
@@ -215,11 +217,21 @@ def test_work_for_a_round_the_run_moved_past_is_discarded():
     assert machine.handle(rm.Trained(1, b"p" * 32, 100, 1.0, 2.0)) == []  # the stale completion is ignored
 
 
-def test_completions_in_the_wrong_phase_are_ignored():
+def test_completions_of_work_we_left_change_nothing_and_impossible_ones_raise():
     machine, _ = trained_machine()
-    assert machine.handle(rm.Aggregated(1, H1, 11.0)) == []
-    assert machine.handle(rm.Synced(1, H1, 11.0)) == []
+    assert machine.handle(rm.Fetched(7, A, True, 10.5)) == []  # a round we are not in
+    with pytest.raises(rm.ImpossibleEvent):
+        machine.handle(rm.Aggregated(1, H1, 11.0))  # nothing was aggregating
+    with pytest.raises(rm.ImpossibleEvent):
+        machine.handle(rm.Synced(1, H1, 11.0))
     assert machine.phase is rm.Phase.COLLECT
+    commits = {A: (b"pa" * 16, 10), B: (b"pb" * 16, 11), ME: (b"p" * 32, 100)}
+    machine.handle(seen(10.1, commits=commits))
+    machine.handle(rm.Fetched(1, A, True, 10.2))
+    machine.handle(rm.Fetched(1, B, True, 10.3))
+    assert machine.phase is rm.Phase.AGGREGATE
+    assert machine.handle(rm.Fetched(1, B, True, 10.4)) == []  # a refetch that ended late: stale
+    assert machine.phase is rm.Phase.AGGREGATE
 
 
 def test_a_peer_outside_the_electorate_does_not_train():

@@ -61,8 +61,12 @@ The simulator and the tests drive exactly this code.
 
 Rules of this file
 ------------------
-- Transitions live in `TRANSITIONS`, keyed by (phase, event type); an event with no entry for
-  the current phase is stale (a completion of work that was discarded) and is ignored.
+- Event-triggered transitions live in `TRANSITIONS`, keyed by (phase, event type), each with the
+  phases it may lead to; the machine checks that it lands in one of them. An Observation first
+  runs the state-triggered transitions (a certificate at or past our round, from any phase; the
+  round's attempt and deadline). A completion for a round we left, or one listed in `STALE`
+  (work we stopped waiting for), changes nothing; any other event with no entry raises
+  `ImpossibleEvent`.
 - Every handler returns the actions for the caller, in the order to carry them out.
 - The window adapts to what was measured, from things every peer sees alike: the larger of a
   floor and twice the spread of commit arrivals (first to last within the cutoff) of recent
@@ -72,11 +76,12 @@ Rules of this file
 
 from __future__ import annotations
 
-import hashlib
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
+from locomesh.node.rounds.state import MIN_COLLECT_SECONDS, RoundState, Timing  # noqa: F401 - re-exported
+from locomesh.node.rounds.orders import first_round_to_join, proposer_order, state_stewards  # noqa: F401 - re-exported
 from locomesh.node.rounds.events import (  # noqa: F401 - re-exported: callers import the vocabulary from here too
     Action, Aggregated, Author, Discard, Event, Fetch, Fetched, Observation, PayloadId, Phase, PublishCommit,
     PublishJoin, PublishProposal, PublishTimeout, PublishVote, RoundDone, StartAggregate, StartSync, StartTraining,
@@ -85,7 +90,6 @@ from locomesh.node.rounds.events import (  # noqa: F401 - re-exported: callers i
 
 # --- the machine -----------------------------------------------------------------------------------
 
-MIN_COLLECT_SECONDS = 2.0
 RETRY_SECONDS = 1.0
 MAX_REFETCH_PAUSE = 8.0
 PATIENCE = 5  # windows a proposer that committed this round gets before the next one takes over
@@ -94,44 +98,8 @@ SPREAD_HISTORY = 3
 WORKING = frozenset({Phase.TRAIN, Phase.COLLECT, Phase.PROPOSE, Phase.REPLAY, Phase.AGGREGATE, Phase.VOTED})
 
 
-@dataclass
-class Timing:
-    """Deadline settings; `round_deadline` comes from the run's hyperparameters."""
-
-    round_deadline: float = 600.0
-    min_collect: float = MIN_COLLECT_SECONDS
-    min_peers: int = 1  # a round starts only once this many peers are eligible for it
-
-
-@dataclass
-class _Round:
-    """Our work on the round being trained."""
-
-    number: int
-    started: float
-    seed: bytes = b""  # what the round's proposer and steward orders are drawn from
-    attempt: int = 0  # the attempt of this round we saw last (crdt/electorate.py)
-    attempt_started: float = 0.0  # when we saw it begin (attempt 0: when the round started here)
-    timed_out: set[int] = field(default_factory=set)  # attempts we said passed the deadline
-    committed_at: float | None = None  # when our own commit went out
-    arrivals: dict[Author, float] = field(default_factory=dict)  # others' commits: when first seen
-    fetched: set[Author] = field(default_factory=set)
-    failed: set[Author] = field(default_factory=set)
-    failures: dict[Author, int] = field(default_factory=dict)  # failed fetches of each author's payload
-    refetches: dict[Author, int] = field(default_factory=dict)  # failed fetches while following a proposal
-    refetch_at: dict[Author, float] = field(default_factory=dict)  # not asked for again before then
-    closed_at: float = 0.0  # when our own cut happened
-    own_set: tuple[Author, ...] = ()  # what we would propose
-    chosen: tuple[Author, ...] | None = None  # the proposal we follow
-    following: Author | None = None  # its proposer
-    abandoned: set[Author] = field(default_factory=set)  # proposers whose set could not be fetched
-    last_commit: float = 0.0
-    replay: bool = False  # aggregating a round certified without us, to adopt its state (no vote)
-
-    @property
-    def first_seen(self) -> float | None:
-        times = [*self.arrivals.values(), *([] if self.committed_at is None else [self.committed_at])]
-        return min(times, default=None)
+class ImpossibleEvent(RuntimeError):
+    """An event the round protocol cannot take in the phase the machine is in (see `TRANSITIONS`)."""
 
 
 class RoundMachine:
@@ -143,7 +111,7 @@ class RoundMachine:
         self.phase = Phase.IDLE
         self.state_round = state_round  # the round whose state we hold
         self.state_hash = state_hash  # its hash (None for the genesis state)
-        self.current: _Round | None = None
+        self.current: RoundState | None = None
         self.voted_hash: bytes | None = None
         self.spreads: deque[float] = deque(maxlen=SPREAD_HISTORY)
         self.retry_at = 0.0
@@ -152,18 +120,28 @@ class RoundMachine:
         self.rejoined_at: int | None = None  # the certified round when our membership lapsed and we joined again
 
     def handle(self, event: Event) -> list[Action]:
-        """Feed one event; the actions to carry out, in order."""
+        """Feed one event; the actions to carry out, in order. `ImpossibleEvent` for a completion
+        that cannot happen in the current phase (a bug in whoever feeds the machine)."""
         deadline: list[Action] = []
         if isinstance(event, Observation):
             self.last = event
             moved = self._follow_certificates(event)
             if moved is not None:
+                self._check(CERTIFICATE_PHASES, "a certificate")
                 return moved
             deadline = self._watch_deadline(event)
-        handler = TRANSITIONS.get((self.phase, type(event)))
-        if handler is None or not self._is_current(event):
-            return deadline
-        return deadline + handler(self, event)
+        elif not self._is_current(event) or (self.phase, type(event)) in STALE:
+            return []  # work for a round we left, or that we stopped waiting for
+        transition = TRANSITIONS.get((self.phase, type(event)))
+        if transition is None:
+            raise ImpossibleEvent(f"{type(event).__name__} for round {event.round} in phase {self.phase.value}")
+        actions = deadline + transition.handler(self, event)
+        self._check(transition.next, type(event).__name__)
+        return actions
+
+    def _check(self, allowed: frozenset[Phase], cause: str) -> None:
+        if self.phase not in allowed:
+            raise ImpossibleEvent(f"{cause} led to phase {self.phase.value}, which the table does not allow")
 
     # --- observations, per phase ------------------------------------------------------------------
 
@@ -191,7 +169,7 @@ class RoundMachine:
                 return self._start_replay(replay)
         actions: list[Action] = [] if working is None else [Discard(working)]
         assert seen.certified_hash is not None, "a certified round past 0 has a hash"
-        self.phase, self.current = Phase.SYNC, _Round(seen.certified, seen.now)
+        self.phase, self.current = Phase.SYNC, RoundState(seen.certified, seen.now)
         self.awaiting_retry = False
         return [*actions, StartSync(seen.certified, seen.certified_hash)]
 
@@ -204,7 +182,7 @@ class RoundMachine:
         if len(seen.able) < self.timing.min_peers:
             return []  # the run waits for enough peers before its first (or next) round
         self.phase = Phase.TRAIN
-        self.current = _Round(next_round, seen.now, seed=seen.seed, attempt=seen.attempt, attempt_started=seen.now)
+        self.current = RoundState(next_round, seen.now, seed=seen.seed, attempt=seen.attempt, attempt_started=seen.now)
         return [StartTraining(next_round)]
 
     def _rejoin(self, seen: Observation) -> list[Action]:
@@ -307,7 +285,7 @@ class RoundMachine:
             self._adopt(done.round, done.state_hash)
             return [RoundDone(done.round, done.state_hash, contributors, synced=work.replay), *self._idle_observe(seen)]
         assert seen.certified_hash is not None, "a certified round past 0 has a hash"
-        self.phase, self.current = Phase.SYNC, _Round(seen.certified, seen.now)
+        self.phase, self.current = Phase.SYNC, RoundState(seen.certified, seen.now)
         return [StartSync(seen.certified, seen.certified_hash)]
 
     def _synced(self, done: Synced) -> list[Action]:
@@ -342,7 +320,7 @@ class RoundMachine:
         failure means the set cannot be rebuilt here, so sync."""
         work, seen = self.current, self.last
         if not done.ok and done.author in work.chosen:
-            self.phase, self.current = Phase.SYNC, _Round(seen.certified, seen.now)
+            self.phase, self.current = Phase.SYNC, RoundState(seen.certified, seen.now)
             return [Discard(work.number), StartSync(seen.certified, seen.certified_hash)]
         if done.ok:
             work.fetched.add(done.author)
@@ -392,7 +370,7 @@ class RoundMachine:
         """Follow the first acceptable proposal in proposer order whose turn has come (switching
         to it if we followed a later one), or publish ours when our turn comes with none before it."""
         work, seen = self.current, self.last
-        for proposer, starts, ends in self._turns():
+        for proposer, starts, ends in self.turns():
             proposal = seen.proposals.get(proposer)
             if proposal is not None and self._acceptable(proposal, seen):
                 return [] if proposal == work.chosen else self._follow(proposer, proposal)
@@ -403,7 +381,7 @@ class RoundMachine:
                 return []  # still this proposer's turn
         return []
 
-    def _turns(self) -> Iterator[tuple[Author, float, float]]:
+    def turns(self) -> Iterator[tuple[Author, float, float]]:
         """(proposer, its turn's start, its end) in proposer order, from our cut on. The order is
         over the electorate, which every peer sees alike (who has committed is not: peers that
         ordered different candidates would wait for different proposers). A proposer whose set
@@ -465,37 +443,6 @@ class RoundMachine:
         self.phase = Phase.AGGREGATE
         return [StartAggregate(work.number, work.chosen, work.last_commit)]
 
-    def waiting_on(self, voted: frozenset[Author] = frozenset()) -> tuple[str, frozenset[Author]]:
-        """What the round waits for now, and on whom (for `run status`); `voted`: who voted in
-        the round so far."""
-        work, seen = self.current, self.last
-        if seen is None:
-            return "the run's state", frozenset()
-        if work is None:
-            if self.me not in seen.able:
-                return "our join to take effect", frozenset({self.me})
-            return f"{self.timing.min_peers} contributors ({len(seen.able)} so far)", frozenset()
-        missing_payloads = frozenset(work.arrivals) - work.fetched - work.failed
-        match self.phase:
-            case Phase.TRAIN:
-                return "our inner steps", frozenset({self.me})
-            case Phase.COLLECT:
-                return "commits and payloads until the cutoff", (seen.able - set(seen.commits) - {self.me}) | missing_payloads
-            case Phase.PROPOSE if work.chosen is None:
-                return "the round's proposal", frozenset(self._proposer_on_turn(seen.now))
-            case Phase.PROPOSE | Phase.REPLAY:
-                return "payloads of the proposal we follow", frozenset(work.chosen) - work.fetched - {self.me}
-            case Phase.AGGREGATE:
-                return "our outer step", frozenset({self.me})
-            case Phase.VOTED:
-                return f"votes of more than two thirds of {len(seen.electorate)}", seen.electorate - voted
-            case _:
-                return "the certified state", frozenset()
-
-    def _proposer_on_turn(self, now: float) -> list[Author]:
-        """The proposer whose turn it is now (none if every turn has passed)."""
-        return next(([proposer] for proposer, _starts, ends in self._turns() if now < ends), [])
-
     def window(self) -> float:
         """The cutoff window: a floor, or twice the commit spread of recent rounds."""
         return max(self.timing.min_collect, 2.0 * max(self.spreads, default=0.0))
@@ -514,49 +461,50 @@ class RoundMachine:
 
 Handler = Callable[[RoundMachine, Event], list[Action]]
 
-TRANSITIONS: dict[tuple[Phase, type], Handler] = {
-    (Phase.IDLE, Observation): RoundMachine._idle_observe,
-    (Phase.TRAIN, Observation): RoundMachine._watch_commits,
-    (Phase.COLLECT, Observation): RoundMachine._collect_observe,
-    (Phase.PROPOSE, Observation): RoundMachine._propose_observe,
-    (Phase.SYNC, Observation): RoundMachine._sync_observe,
-    (Phase.TRAIN, Trained): RoundMachine._trained,
-    (Phase.TRAIN, Fetched): RoundMachine._fetched,
-    (Phase.COLLECT, Fetched): RoundMachine._fetched,
-    (Phase.PROPOSE, Fetched): RoundMachine._fetched,
-    (Phase.REPLAY, Fetched): RoundMachine._replay_fetched,
-    (Phase.AGGREGATE, Aggregated): RoundMachine._aggregated,
-    (Phase.SYNC, Synced): RoundMachine._synced,
+
+@dataclass(frozen=True)
+class Transition:
+    """What handles an event in a phase, and the phases that may follow (the handler picks one)."""
+
+    handler: Handler
+    next: frozenset[Phase]
+
+
+def _to(handler: Handler, *phases: Phase) -> Transition:
+    return Transition(handler, frozenset(phases))
+
+
+def _nothing(_machine: RoundMachine, _event: Event) -> list[Action]:
+    return []
+
+
+_P = Phase
+# Event-triggered transitions: (phase, event type) -> its handler and the phases it may lead to.
+# An Observation is taken in every phase; first, the state-triggered transitions it may set off
+# (`RoundMachine._follow_certificates`: the run certified our round or one past it, whatever the
+# phase; `_watch_deadline`: the round's attempt changed or passed its deadline).
+TRANSITIONS: dict[tuple[Phase, type], Transition] = {
+    (_P.IDLE, Observation): _to(RoundMachine._idle_observe, _P.IDLE, _P.TRAIN),
+    (_P.TRAIN, Observation): _to(RoundMachine._watch_commits, _P.TRAIN),
+    (_P.COLLECT, Observation): _to(RoundMachine._collect_observe, _P.COLLECT, _P.PROPOSE, _P.AGGREGATE),
+    (_P.PROPOSE, Observation): _to(RoundMachine._propose_observe, _P.PROPOSE, _P.AGGREGATE),
+    (_P.REPLAY, Observation): _to(_nothing, _P.REPLAY),
+    (_P.AGGREGATE, Observation): _to(_nothing, _P.AGGREGATE),
+    (_P.VOTED, Observation): _to(_nothing, _P.VOTED),
+    (_P.SYNC, Observation): _to(RoundMachine._sync_observe, _P.SYNC),
+    (_P.TRAIN, Trained): _to(RoundMachine._trained, _P.COLLECT, _P.PROPOSE, _P.AGGREGATE),
+    (_P.TRAIN, Fetched): _to(RoundMachine._fetched, _P.TRAIN),
+    (_P.COLLECT, Fetched): _to(RoundMachine._fetched, _P.COLLECT, _P.PROPOSE, _P.AGGREGATE),
+    (_P.PROPOSE, Fetched): _to(RoundMachine._fetched, _P.PROPOSE, _P.AGGREGATE),
+    (_P.REPLAY, Fetched): _to(RoundMachine._replay_fetched, _P.REPLAY, _P.AGGREGATE, _P.SYNC),
+    (_P.AGGREGATE, Aggregated): _to(RoundMachine._aggregated, _P.VOTED, _P.IDLE, _P.TRAIN, _P.SYNC),
+    (_P.SYNC, Synced): _to(RoundMachine._synced, _P.SYNC, _P.IDLE, _P.TRAIN),
 }
-
-
-def first_round_to_join(certified: int, *, under_way: bool) -> int:
-    """The round a join names: the next one, or the one after when commits for the next are out
-    already (a peer that joins a round under way would only hold it up)."""
-    return certified + (2 if under_way else 1)
-
-
-def state_stewards(round_number: int, seed: bytes, electorate: set[Author] | frozenset[Author]) -> list[Author]:
-    """The members that store round `round_number`'s new state for peers that sync; the others
-    only attest its checkpoint ID (writing a whole state every round on every peer cost each CPU
-    time that the round's training and exchange were short of). More than the faults a quorum
-    tolerates (f < n/3), at least two: one honest steward that voted the certified hash always
-    stores it. Drawn as the proposers are, so the work moves round by round."""
-    order = _drawn_order(b"locomesh steward", round_number, seed, 0, electorate)
-    return order[: max(2, (len(order) - 1) // 3 + 1)]
-
-
-def proposer_order(round_number: int, seed: bytes, candidates: set[Author] | frozenset[Author], attempt: int = 0) -> list[Author]:
-    """The order in which `candidates` may propose the set of round `round_number` (in attempt
-    `attempt`): drawn from the round, the attempt and `seed` (the hash of the state certified
-    before the round, which no key could know when it was made: nobody grinds a key to come first
-    in a round of its choosing), so it changes every round and every attempt."""
-    return _drawn_order(b"locomesh proposer", round_number, seed, attempt, candidates)
-
-
-def _drawn_order(label: bytes, round_number: int, seed: bytes, attempt: int,
-                 members: set[Author] | frozenset[Author]) -> list[Author]:
-    """`members` in an order drawn from (`label`, round, attempt, `seed`): the same on every peer,
-    new every round, and no peer can pick its place."""
-    tag = hashlib.sha256(label + round_number.to_bytes(8, "big") + attempt.to_bytes(2, "big") + seed).digest()
-    return sorted(members, key=lambda key: hashlib.sha256(tag + key).digest())
+# Completions of work the machine stopped waiting for (the training of a round being replayed or
+# synced; a fetch that ended after its round was cut): they come, and change nothing.
+STALE: frozenset[tuple[Phase, type]] = frozenset({
+    (_P.REPLAY, Trained), (_P.AGGREGATE, Trained), (_P.SYNC, Trained),
+    (_P.AGGREGATE, Fetched), (_P.VOTED, Fetched), (_P.SYNC, Fetched),
+})
+# The state-triggered transitions lead to these phases, from any phase.
+CERTIFICATE_PHASES = frozenset({_P.IDLE, _P.TRAIN, _P.REPLAY, _P.AGGREGATE, _P.SYNC})

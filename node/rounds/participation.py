@@ -44,6 +44,7 @@ from locomesh.training.run_settings import TrainingDiverged
 
 from locomesh.node.rounds import machine as rm
 from locomesh.node.transfer.download import REFUSED, DownloadError, DownloadProgress, Offload, checkpoint_store, download_checkpoint
+from locomesh.node.rounds.status import waiting_on
 from locomesh.node.rounds.work import RoundRecord, RoundWork, TrainingAhead
 from locomesh.node.runtime import Node
 
@@ -205,7 +206,7 @@ class RunParticipation:
     def _waiting(self) -> dict[str, Any]:
         """What the round waits for, and on whom (peer IDs)."""
         state = self.replica.state
-        what, on = self.machine.waiting_on(frozenset(self.replica.votes(state.round + 1)))
+        what, on = waiting_on(self.machine, frozenset(self.replica.votes(state.round + 1)))
         return {"for": what, "on": sorted(self._peer_id(author) for author in on)}
 
     def _waiting_text(self) -> str:
