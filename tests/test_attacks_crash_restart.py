@@ -141,12 +141,12 @@ async def test_a_round_committed_before_a_restart_contributes_the_payload_commit
     party = RunParticipation(SimpleNamespace(identity=me), None, replica, participant, tmp_path, scores=None,
                              timing=rm.Timing(), offload=run_inline)
     payload = bytes(range(256)) * 40
-    stored = party._store_payload(1, payload)
-    assert await party._committed_before(1) is None  # nothing committed: train as usual
+    stored = party.payloads.store(1, payload)
+    assert await party.payloads.committed_before(1) is None  # nothing committed: train as usual
     replica.create(me, "commit", round=1, hash=stored.id, size=len(payload))
-    assert (await party._committed_before(1)).payload == payload
+    assert (await party.payloads.committed_before(1)).payload == payload
     replica.create(me, "commit", round=2, hash=H2, size=len(payload))  # lost with the disk: nothing to reuse
-    assert await party._committed_before(2) is None
+    assert await party.payloads.committed_before(2) is None
 
 
 # --- a ban is visible ----------------------------------------------------------------------------------

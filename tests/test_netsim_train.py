@@ -8,7 +8,7 @@ import json
 import pytest
 
 from locomesh.netsim.scenarios import SCENARIOS, train
-from locomesh.node.rounds.participation import FETCH_TIMEOUT
+from locomesh.node.rounds.payloads import FETCH_TIMEOUT
 from locomesh.netsim.sim_participant import JUNK_MARK, SimCost, SimParticipant
 from locomesh.training.participant import ParticipantError
 from .repeatable import output_of_fresh_process

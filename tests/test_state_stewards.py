@@ -50,7 +50,7 @@ async def test_stewards_store_the_state_and_the_others_only_attest_it(tmp_path):
     for member in MEMBERS:
         directory = tmp_path / member.public_key.hex()[:8]
         party, crdt = participation(member, replica, directory)
-        await party._store_state(ROUND, snapshot, expected.state_hash)
+        await party.states.store(ROUND, snapshot, expected.state_hash)
         assert crdt.ops == [("checkpoint", {"round": ROUND, "id": expected.id, "size": expected.raw_size})]
         assert manifest_path(directory, expected.id).exists() == (member.public_key in stewards)
 
@@ -60,6 +60,6 @@ def test_a_syncing_peer_asks_the_stewards_first(tmp_path):
     stewards = rm.state_stewards(ROUND, replica.run_id, replica.electorate(ROUND))  # no round certified: the run ID seeds it
     outsider = next(m for m in MEMBERS if m.public_key not in stewards)
     party, _ = participation(outsider, replica, tmp_path)
-    providers = party._state_providers(ROUND)
+    providers = party.states.providers(ROUND)
     assert providers[:2] == [peer_id_from_public_key(key) for key in stewards]
     assert sorted(providers) == sorted(peer_id_from_public_key(m.public_key) for m in MEMBERS if m is not outsider)

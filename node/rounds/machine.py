@@ -77,7 +77,7 @@ Rules of this file
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Iterator
 
 from locomesh.node.rounds.state import MIN_COLLECT_SECONDS, RoundState, Timing  # noqa: F401 - re-exported

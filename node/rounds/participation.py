@@ -9,15 +9,10 @@ else:
   of its own instead (`_training`): once round r's payload is made, round r+1's inner steps start
   at once, from `Participant.delayed_start` (a `TrainingAhead`), while round r is exchanged, aggregated
   and certified; when the machine then starts round r+1, its payload is (nearly) ready;
-- payloads are published as content-addressed checkpoints in the node's checkpoint store, so the
-  checkpoint service serves them (over its authenticated data plane) and any peer that fetched a
-  payload can serve it on: the allgather is a multi-source download, verified chunk by chunk
-  against the ID the author committed to in the CRDT;
-- commits, votes and checkpoint attestations are CRDT ops (`CrdtService.write`);
-- the round's state stewards (`state_stewards`) store each new state as a checkpoint, off the
-  critical path; every peer attests its ID;
-- a sync downloads the run's canonical checkpoint of the certified round (the stewards asked
-  first) and adopts it only if its state hash is the certified one.
+- payloads travel as content-addressed checkpoints (`payloads`); commits, proposals, votes,
+  timeouts and checkpoint attestations are CRDT ops (`CrdtService.write`);
+- the round's state stewards store each new state, every voter attests it, and a sync loads the
+  certified one (`states`).
 
 The loop wakes on every completion and at least every `POLL_SECONDS`, hands the machine an
 `Observation` of the replica, and carries out what comes back.
@@ -29,22 +24,21 @@ import logging
 import math
 from collections import deque
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any, Awaitable, Callable
 
-import numpy as np
 import trio
 
 from locomesh.crdt import Replica
 from locomesh.crdt.evidence import ban_reason
 from locomesh.protocol import peer_id_from_public_key
 from locomesh.protocol.runs import short_run_id
-from locomesh.training.checkpoint_manifest import Manifest, manifest_path, read_manifest
 from locomesh.training.run_settings import TrainingDiverged
 
 from locomesh.node.rounds import machine as rm
-from locomesh.node.transfer.download import REFUSED, DownloadError, DownloadProgress, Offload, checkpoint_store, download_checkpoint
+from locomesh.node.rounds.payloads import PayloadExchange
+from locomesh.node.rounds.states import StateKeeper
 from locomesh.node.rounds.status import waiting_on
+from locomesh.node.transfer.download import Offload
 from locomesh.node.rounds.work import RoundRecord, RoundWork, TrainingAhead
 from locomesh.node.runtime import Node
 
@@ -53,12 +47,7 @@ logger = logging.getLogger(__name__)
 Compute = Callable[..., Awaitable[Any]]
 
 POLL_SECONDS = 0.2  # the machine sees the time at least this often (and at once after news)
-FETCH_TIMEOUT = 60.0
-FETCH_RETRY_SECONDS = 0.5
-STALL_SECONDS = 5.0  # after the cutoff, a payload of which no byte arrived this long is given up
-STALL_POLL_SECONDS = 0.5
 SYNC_TIMEOUT = 300.0
-KEPT_ROUNDS = 3  # payloads and states of older rounds are deleted
 HISTORY = 100
 
 
@@ -93,9 +82,11 @@ class RunParticipation:
         self._peer_ids: dict[bytes, str] = {}  # author key -> peer ID (derived once)
         self._events_in, self._events = trio.open_memory_channel[rm.Event](math.inf)
         self._news: trio.CancelScope | None = None
-        self._unstored: tuple[int, Any, bytes] | None = None  # the newest state not yet stored
-        self._storing = False
         self._nursery: trio.Nursery | None = None
+        self.payloads = PayloadExchange(node, replica, participant, checkpoint_dir, scores, machine=self.machine,
+                                        offload=offload, connected=self._connected, other_members=self._other_members)
+        self.states = StateKeeper(node, crdt, replica, participant, checkpoint_dir, scores, compute=compute,
+                                  compute_lock=self._compute, offload=offload, other_members=self._other_members)
 
     async def run(self) -> None:
         if self.participant.evaluation_due():
@@ -160,14 +151,8 @@ class RunParticipation:
             lapsed=self.replica.lapsed(self.me, next_round),
             contributors=frozenset(self.replica.contributors(next_round)),
             attempt=len(attempts) - 1,
-            seed=self._seed(next_round),
+            seed=self.states.seed(next_round),
         )
-
-    def _seed(self, round_number: int) -> bytes:
-        """What round `round_number`'s proposer and steward orders are drawn from: the hash of the
-        state certified before it (no key could know it when it was made), or the run ID."""
-        certificate = self.replica.state.certificates.get(round_number - 1)
-        return self.run_id if certificate is None else certificate.hash
 
     def _connected(self, author: bytes) -> bool:
         return self._peer_id(author) in self.node.peers
@@ -286,7 +271,7 @@ class RunParticipation:
     # --- the work -----------------------------------------------------------------------------
 
     async def _train(self, work: RoundWork) -> None:
-        contribution = await self._committed_before(work.round)
+        contribution = await self.payloads.committed_before(work.round)
         if contribution is not None:
             self._cancel_ahead()
         elif self.delayed:
@@ -294,31 +279,12 @@ class RunParticipation:
         else:
             async with self._training:
                 contribution = await self.compute(self.participant.train, work.stop_training.is_set)
-        manifest = await self.offload(self._store_payload, work.round, contribution.payload)
+        manifest = await self.offload(self.payloads.store, work.round, contribution.payload)
         work.payload_id, work.payload_size = manifest.id, len(contribution.payload)
         work.train_loss, work.train_seconds = contribution.train_loss, contribution.seconds
         work.payloads[self.me] = contribution.payload
         self.payloads_sent += 1
         self._emit(rm.Trained(work.round, manifest.id, len(contribution.payload), contribution.seconds, trio.current_time()))
-
-    async def _committed_before(self, round_number: int) -> Any:
-        """The payload we committed to for this round before a restart, from our store: a second,
-        different commitment would be an equivocation (a ban). None if we made none (or lost it:
-        then `CrdtService.write` refuses the new commitment, and the round goes on without us)."""
-        said = self.replica.facts.commits_in(round_number).get(self.me)
-        if not said:
-            return None
-        ((payload_id, size),) = said
-        try:
-            limits = self.participant.payload_limits(self.run_id, round_number, size)
-        except ValueError:
-            return None
-        payload = await self._stored_payload(round_number, payload_id, limits)
-        if payload is None:
-            logger.warning("round %d: our payload committed before a restart is not in the store", round_number)
-            return None
-        logger.info("round %d: contributing the payload we committed to before a restart", round_number)
-        return SimpleNamespace(payload=payload, train_loss=None, seconds=0.0)  # what `_train` reads
 
     async def _train_delayed(self, work: RoundWork) -> Any:
         """This round's contribution, trained ahead if it was (else now, from θ); then the next
@@ -354,93 +320,16 @@ class RunParticipation:
             ahead.cancel()
             self._ahead = None
 
-    def _store_payload(self, round_number: int, payload: bytes) -> Any:
-        store = checkpoint_store()
-        tensors = {"payload": np.frombuffer(payload, dtype=np.uint8)}
-        return store.write_checkpoint(self.directory, tensors, {"round": round_number, "run": self.run_id, "kind": "payload"})
-
     async def _fetch(self, work: RoundWork, author: bytes, payload_id: bytes, size: int) -> None:
-        """Fetch one payload, trying again while FETCH_TIMEOUT lasts: a provider that is busy, or a
-        payload that only its author has so far, is a reason to wait, not to leave it out (a peer
-        that leaves out what the others include votes for another hash). Two things end the wait
-        early. An author we hold no connection to after a failed try is gone (it crashed after its
-        commit; each try waits for dials to it to time out): its payload is given up then. And once
-        the round's cutoff has passed, a payload of which no byte arrived for STALL_SECONDS (or a
-        window, if longer) is one nobody serves: its author withholds it, and would otherwise cost
-        every round FETCH_TIMEOUT. If another peer has it, the round's proposal makes us fetch it again."""
-        payload, started = None, trio.current_time()
-        try:
-            limits = self.participant.payload_limits(self.run_id, work.round, size)
-        except ValueError as error:  # a bad commit: no payload of this run is that size, so nothing is fetched
-            logger.warning("round %d: the commit of %s is bad: %s", work.round, peer_id_from_public_key(author), error)
-            limits = None
-        progress = DownloadProgress(payload_id)  # kept across tries: its byte count shows a stall
-        with trio.move_on_after(min(FETCH_TIMEOUT, self.machine.timing.round_deadline / 4)):
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._give_up_when_stalled, work, progress, nursery.cancel_scope)
-                while payload is None and limits is not None:
-                    try:
-                        payload = await self._download_payload(work.round, author, payload_id, limits, progress)
-                    except REFUSED as error:  # a bad payload: trying again gives the same
-                        logger.warning("round %d: the payload committed by %s is refused: %s", work.round,
-                                       peer_id_from_public_key(author), error)
-                        break
-                    if payload is None:
-                        if not self._connected(author):
-                            break
-                        await trio.sleep(FETCH_RETRY_SECONDS)
-                nursery.cancel_scope.cancel()
+        """Fetch one payload (`PayloadExchange.fetch`) and tell the machine how it went."""
+        started = trio.current_time()
+        payload = await self.payloads.fetch(work.round, author, payload_id, size)
         if payload is not None:
             work.payloads[author] = payload
             work.arrived[author] = trio.current_time()
-        logger.debug("round %d: payload of %s %s after %.2f s", work.round, peer_id_from_public_key(author),
+        logger.debug("round %d: payload of %s %s after %.2f s", work.round, self._peer_id(author),
                      "fetched" if payload is not None else "not fetched", trio.current_time() - started)
         self._emit(rm.Fetched(work.round, author, payload is not None, trio.current_time()))
-
-    async def _give_up_when_stalled(self, work: RoundWork, progress: DownloadProgress, fetch: trio.CancelScope) -> None:
-        """Cancel `fetch` once the round's cutoff has passed and no byte arrived for a while
-        (waking only when that could first be true, not on a polling tick)."""
-        seen_bytes, since = progress.bytes_fetched, trio.current_time()
-        while (current := self.machine.current) is not None and current.number == work.round:
-            stall = max(STALL_SECONDS, self.machine.window())
-            cutoff = self.machine.cutoff() if current.first_seen is not None else math.inf
-            now = trio.current_time()
-            if progress.bytes_fetched != seen_bytes:
-                seen_bytes, since = progress.bytes_fetched, now
-            elif now >= cutoff and now - since >= stall:
-                logger.info("round %d: no byte of a payload for %.1f s after the cutoff: given up", work.round, now - since)
-                fetch.cancel()
-                return
-            await trio.sleep_until(max(min(cutoff, now + stall), since + stall, now + STALL_POLL_SECONDS))
-
-    async def _download_payload(self, round_number: int, author: bytes, payload_id: bytes, limits: Any,
-                                progress: DownloadProgress) -> bytes | None:
-        providers = [peer_id_from_public_key(author), *self._other_members(exclude=author)]
-        try:
-            await download_checkpoint(self.node, self.directory, payload_id, providers, scores=self.scores,
-                                      progress=progress, offload=self.offload, limits=limits)
-        except REFUSED:
-            raise
-        except (DownloadError, OSError, ValueError) as error:
-            logger.info("round %d: payload of %s not fetched: %s", round_number, peer_id_from_public_key(author), error)
-            return None
-        data = await self._stored_payload(round_number, payload_id, limits)
-        if data is None:
-            logger.warning("round %d: the payload %s committed by %s is not a payload of this round",
-                           round_number, payload_id.hex()[:12], peer_id_from_public_key(author))
-        return data
-
-    async def _stored_payload(self, round_number: int, payload_id: bytes, limits: Any) -> bytes | None:
-        """The payload `payload_id` of this run's round `round_number` from our store; None if it
-        is not there whole, or is no such payload (or breaks the `limits` of one)."""
-        try:
-            tensors, metadata = await self.offload(checkpoint_store().load_checkpoint, self.directory, payload_id, limits)
-        except (OSError, ValueError):
-            return None
-        payload = tensors.get("payload")
-        if metadata.get("round") != round_number or metadata.get("run") != self.run_id or payload is None:
-            return None
-        return payload.numpy().tobytes()
 
     async def _aggregate(self, work: RoundWork, authors: tuple[bytes, ...], last_commit: float) -> None:
         """The outer step and the vote; then, off the critical path, the state checkpoint. The
@@ -463,79 +352,14 @@ class RunParticipation:
                 logger.warning("round %d: no aggregate: %s", work.round, error)
         self._emit(rm.Aggregated(work.round, state_hash, trio.current_time()))
         if snapshot is not None:
-            self._store_later(work.round, snapshot, state_hash)
-
-    def _store_later(self, round_number: int, snapshot: Any, state_hash: bytes) -> None:
-        """Queue a state for `_store_states`. Only the newest waits: when storing falls behind the
-        rounds (a busy machine), an older state that was never stored is dropped rather than
-        queued, so at most two states are held (being written, waiting) and the one offered to
-        syncing peers is the newest."""
-        self._unstored = (round_number, snapshot, state_hash)
-        if not self._storing:
-            self._storing = True
             assert self._nursery is not None
-            self._nursery.start_soon(self._store_states)
-
-    async def _store_states(self) -> None:
-        try:
-            while self._unstored is not None:
-                (round_number, snapshot, state_hash), self._unstored = self._unstored, None
-                await self._store_state(round_number, snapshot, state_hash)
-        finally:
-            self._storing = False
-
-    async def _store_state(self, round_number: int, snapshot: Any, state_hash: bytes) -> None:
-        """Write the state we voted for as a checkpoint if we are one of the round's stewards, then
-        attest it (peers that sync fetch it from the stewards); a peer that is not only attests."""
-        steward = self.me in self._stewards(round_number)
-        try:
-            if steward:
-                manifest = await self.offload(snapshot.save, self.directory, self.run_id)
-            else:
-                manifest = await self.offload(snapshot.manifest, self.run_id)
-        except (OSError, ValueError) as error:  # a full disk, say: we keep training, others offer the state
-            logger.error("round %d: the state was not stored: %s", round_number, error)
-            return
-        if manifest.state_hash != state_hash:  # a bug, never a peer's doing: do not offer it
-            logger.error("round %d: the stored state is not the state voted for", round_number)
-            return
-        self.crdt.write(self.run_id, "checkpoint", round=round_number, id=manifest.id, size=manifest.raw_size)
+            self.states.store_later(self._nursery, work.round, snapshot, state_hash)
 
     async def _sync(self, round_number: int, state_hash: bytes) -> None:
         adopted = None
         with trio.move_on_after(SYNC_TIMEOUT):
-            adopted = await self._download_state(round_number, state_hash)
+            adopted = await self.states.download(round_number, state_hash)
         self._emit(rm.Synced(round_number, adopted, trio.current_time()))
-
-    async def _download_state(self, round_number: int, state_hash: bytes) -> bytes | None:
-        """Download and load the certified state of `round_number`: each checkpoint its voters
-        attested, most attested first, until one holds the certified state (a minority of voters
-        can attest a bogus ID; it costs a manifest, not the sync)."""
-        for checkpoint in self.replica.checkpoint_candidates(round_number):
-            if await self._try_state(round_number, state_hash, checkpoint.id):
-                logger.info("run %s: synced to round %d", short_run_id(self.run_id), round_number)
-                return state_hash
-        return None  # nobody attested it yet, or no attested one held it: the machine asks again
-
-    async def _try_state(self, round_number: int, state_hash: bytes, checkpoint_id: bytes) -> bool:
-        try:
-            await download_checkpoint(self.node, self.directory, checkpoint_id, self._state_providers(round_number),
-                                      scores=self.scores, progress=DownloadProgress(checkpoint_id), offload=self.offload,
-                                      limits=self.participant.state_limits(self.run_id, round_number))
-            manifest = await self.offload(_read_installed_manifest, self.directory, checkpoint_id)
-        except (DownloadError, OSError, ValueError) as error:
-            logger.info("round %d: state download failed: %s", round_number, error)
-            return False
-        if manifest.state_hash != state_hash:
-            logger.warning("round %d: attested checkpoint %s is not the certified state", round_number, checkpoint_id.hex()[:12])
-            return False
-        async with self._compute:
-            try:
-                await self.compute(self.participant.load, self.directory, checkpoint_id, self.run_id)
-            except ValueError as error:
-                logger.warning("round %d: the certified state does not fit this run: %s", round_number, error)
-                return False
-        return True
 
     async def _record(self, done: rm.RoundDone, work: RoundWork | None) -> None:
         now = trio.current_time()
@@ -544,28 +368,8 @@ class RunParticipation:
             async with self._compute:
                 evaluation = await self.compute(self.participant.evaluate)
         self.history.append(RoundRecord.of(done, work, evaluation, now))
-        await self.offload(self._forget_old_rounds, done.round)
-
-    def _forget_old_rounds(self, round_number: int) -> None:
-        """Delete this run's payloads and states from before the last KEPT_ROUNDS rounds (a peer that
-        syncs wants the newest certified state; older ones only fill the disk)."""
-        oldest = round_number - KEPT_ROUNDS
-        checkpoint_store().remove_checkpoints(
-            self.directory, lambda meta: meta.get("run") == self.run_id and meta.get("round", oldest) < oldest
-        )
-
-    def _state_providers(self, round_number: int) -> list[str]:
-        """Who to ask for round `round_number`'s state: its stewards first, then the other members."""
-        first = [peer_id_from_public_key(key) for key in self._stewards(round_number) if key != self.me]
-        return first + [peer for peer in self._other_members() if peer not in first]
-
-    def _stewards(self, round_number: int) -> list[bytes]:
-        return rm.state_stewards(round_number, self._seed(round_number), self.replica.electorate(round_number))
+        await self.offload(self.states.forget_old_rounds, done.round)
 
     def _other_members(self, exclude: bytes | None = None) -> list[str]:
-        return [peer_id_from_public_key(member) for member in self.replica.state.members
-                if member not in (self.me, exclude)]
-
-
-def _read_installed_manifest(directory: Path, checkpoint_id: bytes) -> Manifest:
-    return read_manifest(manifest_path(directory, checkpoint_id).read_bytes(), expected_id=checkpoint_id)
+        """The peer IDs of the run's members but us (and `exclude`)."""
+        return [self._peer_id(member) for member in self.replica.state.members if member not in (self.me, exclude)]
