@@ -19,10 +19,9 @@ part in round c + 1:
    out by everyone. A vanished or slow peer costs one window, never the round;
 4. cut-off times still differ a little, so one peer's set decides: the round's *proposer*, the
    first of the electorate in an order drawn from the round, its attempt and the hash certified
-   before it (no key could know that hash when it was made, so none is ground to come first),
-   publishes the set it cut
-   (a `propose` op); everyone aggregates exactly that set (fetching what it lacks), so honest
-   peers compute the same state. A proposer that stays silent hands over to the next one: after
+   before it (`orders`: no key is ground to come first), publishes the set it cut (a `propose`
+   op); everyone aggregates exactly that set (fetching what it lacks), so honest peers compute
+   the same state. A proposer that stays silent hands over to the next one: after
    one window if it did not commit this round (it is probably gone), after PATIENCE windows if it
    did (it is alive, and will propose once it has the payloads: handing over early would split
    the honest peers between two proposals), unless this peer holds no connection to it (it
@@ -36,23 +35,22 @@ part in round c + 1:
    failures the proposal is given up for the attempt and the next proposer's turn comes (a
    proposer that withholds a payload of its own set cannot hold the round);
 5. it aggregates (decode, validate, robust aggregation, outer step: bit-exact on every CPU),
-   writes the new state as a checkpoint and votes for its hash;
+   and votes for the new state's hash;
 6. when the round is certified it moves on if its hash is the certified one, and otherwise
    *syncs*: it downloads the certified checkpoint. A peer that finds the run ahead of it (a late
    joiner, a peer that was cut off, one whose round was certified without it) syncs the same way.
    A peer whose round was certified while it still trained or collected, and which holds (or is
    fetching) every payload of a proposal of that round, *replays* it instead: it stops training,
    waits for those fetches and aggregates that set itself (seconds of CPU instead of a whole
-   state over the network, which made a slow peer late for the next round too, round after
-   round). The result must hash to the certified hash; if it does not, or a fetch fails, it
-   syncs. A peer still aggregating when its round is certified finishes and compares the same way.
+   state over the network). The result must hash to the certified hash; if it does not, or a
+   fetch fails, it syncs. A peer still aggregating when its round is certified finishes and compares the same way.
    A peer that only synced for a few rounds falls out of the contributors (the CRDT's activity
    rule, `crdt/electorate.py`); it joins again from the next round (`PublishJoin`);
 7. the run's round deadline is enforced: when the round's current attempt has lasted that long
    on our clock without a certificate, we say so (a `timeout` op). Once more than a third of the
-   attempt's electorate said so, the next attempt's electorate keeps only those that showed up
-   in the round (a member that crashed before committing leaves it), proposers take their turns
-   again in a new order, and the round can be certified without the missing.
+   attempt's electorate said so, the next attempt's electorate keeps only those that voted or
+   said so (a crashed member leaves it), proposers take their turns again in a new order, and
+   the round can be certified without the missing.
 
 Nothing here touches the network, the disk or the clock. The service (`service.py`) feeds
 in `Observation`s (what the CRDT says now, and the time) and the completions of the work the
@@ -68,10 +66,6 @@ Rules of this file
   (work we stopped waiting for), changes nothing; any other event with no entry raises
   `ImpossibleEvent`.
 - Every handler returns the actions for the caller, in the order to carry them out.
-- The window adapts to what was measured, from things every peer sees alike: the larger of a
-  floor and twice the spread of commit arrivals (first to last within the cutoff) of recent
-  rounds, capped by what is left of the run's round deadline. The round closes early once every
-  eligible peer's payload is in.
 """
 
 from __future__ import annotations
@@ -444,11 +438,13 @@ class RoundMachine:
         return [StartAggregate(work.number, work.chosen, work.last_commit)]
 
     def window(self) -> float:
-        """The cutoff window: a floor, or twice the commit spread of recent rounds."""
+        """The cutoff window, from what every peer sees alike: the larger of a floor and twice the
+        spread of commit arrivals (first to last within the cutoff) of recent rounds."""
         return max(self.timing.min_collect, 2.0 * max(self.spreads, default=0.0))
 
     def cutoff(self) -> float:
-        """The round's cutoff: first commit seen plus the window (see the module docstring)."""
+        """The round's cutoff: first commit seen plus the window, capped by half of what is left of
+        the round's deadline (the round closes early once every contributor's payload is in)."""
         work = self.current
         remaining = work.started + self.timing.round_deadline - work.first_seen
         return work.first_seen + max(0.0, min(self.window(), remaining * 0.5))
