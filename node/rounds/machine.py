@@ -124,7 +124,7 @@ class RoundMachine:
                 self._check(CERTIFICATE_PHASES, "a certificate")
                 return moved
             deadline = self._watch_deadline(event)
-        elif not self._is_current(event) or (self.phase, type(event)) in STALE:
+        elif self.current is None or event.round != self.current.number or (self.phase, type(event)) in STALE:
             return []  # work for a round we left, or that we stopped waiting for
         transition = TRANSITIONS.get((self.phase, type(event)))
         if transition is None:
@@ -329,12 +329,6 @@ class RoundMachine:
 
     # --- helpers ----------------------------------------------------------------------------------
 
-    def _is_current(self, event: Event) -> bool:
-        """A completion counts only for the round we are working on."""
-        if isinstance(event, Observation):
-            return True
-        return self.current is not None and event.round == self.current.number
-
     def _maybe_close(self, now: float) -> list[Action]:
         """Cut once the cutoff passed (or every eligible payload is in) and the payloads of every
         commit seen before the cutoff are fetched or failed; then propose or follow a proposal."""
@@ -484,9 +478,7 @@ TRANSITIONS: dict[tuple[Phase, type], Transition] = {
     (_P.TRAIN, Observation): _to(RoundMachine._watch_commits, _P.TRAIN),
     (_P.COLLECT, Observation): _to(RoundMachine._collect_observe, _P.COLLECT, _P.PROPOSE, _P.AGGREGATE),
     (_P.PROPOSE, Observation): _to(RoundMachine._propose_observe, _P.PROPOSE, _P.AGGREGATE),
-    (_P.REPLAY, Observation): _to(_nothing, _P.REPLAY),
-    (_P.AGGREGATE, Observation): _to(_nothing, _P.AGGREGATE),
-    (_P.VOTED, Observation): _to(_nothing, _P.VOTED),
+    **{(phase, Observation): _to(_nothing, phase) for phase in (_P.REPLAY, _P.AGGREGATE, _P.VOTED)},
     (_P.SYNC, Observation): _to(RoundMachine._sync_observe, _P.SYNC),
     (_P.TRAIN, Trained): _to(RoundMachine._trained, _P.COLLECT, _P.PROPOSE, _P.AGGREGATE),
     (_P.TRAIN, Fetched): _to(RoundMachine._fetched, _P.TRAIN),
