@@ -44,7 +44,7 @@ from locomesh.cli.daemon_process import DaemonProcess
 from locomesh.node.transfer.download import ProviderSession
 from locomesh.node.runtime import Node
 from locomesh.protocol import Identity
-from locomesh.training.checkpoint import verify_chunk, write_checkpoint
+from locomesh.node.transfer.store import verify_chunk, write_checkpoint
 
 MB = 1e6
 

@@ -29,7 +29,7 @@ from typing import Any, Callable
 import numpy as np
 import trio
 
-from locomesh.training.checkpoint import (
+from locomesh.node.transfer.store import (
     LimitError, Manifest, ManifestLimits, TensorSpec, checkpoint_limits, load_checkpoint, manifest_path, read_manifest,
     state_digest, write_checkpoint,
 )

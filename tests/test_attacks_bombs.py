@@ -26,7 +26,7 @@ from locomesh.node.peer_scores import PeerScores
 from locomesh.node.rounds.work import RoundWork
 from locomesh.node.rounds.participation import RunParticipation
 from locomesh.node.runtime import Node
-from locomesh.training.checkpoint import LimitError, load_checkpoint, manifest_path, write_checkpoint
+from locomesh.node.transfer.store import LimitError, load_checkpoint, manifest_path, write_checkpoint
 from locomesh.training.codec import encode
 from locomesh.training.participant import Participant, ParticipantError
 

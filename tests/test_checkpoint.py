@@ -12,10 +12,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from locomesh.protocol import ProtocolError, compress, pack, unpack
-from locomesh.training import checkpoint as ck
+from locomesh.node.transfer import store as ck
 from locomesh.training import state_format
 from locomesh.training.checkpoint_manifest import MAX_MANIFEST_SIZE
-from locomesh.training.checkpoint import (
+from locomesh.node.transfer.store import (
     CheckpointError, chunk_path, decode_chunk, load_checkpoint, manifest_path, merkle_proof, merkle_root,
     missing_chunks, read_manifest, store_chunk, verify_chunk, verify_merkle_proof, write_checkpoint,
 )

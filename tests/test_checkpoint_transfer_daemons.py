@@ -19,7 +19,7 @@ from multiaddr import Multiaddr
 from locomesh.cli.daemon_process import DaemonProcess
 from locomesh.node.transfer import wire as wire
 from locomesh.node.runtime import Node
-from locomesh.training.checkpoint import chunk_path, load_checkpoint, write_checkpoint
+from locomesh.node.transfer.store import chunk_path, load_checkpoint, write_checkpoint
 
 CHUNK = 16 * 1024
 LOOPBACK = [Multiaddr("/ip4/127.0.0.1/tcp/0")]
@@ -55,7 +55,7 @@ def wait_download(daemon: DaemonProcess, checkpoint_id: bytes, timeout: float = 
 
 def lying_handler(node: Node, store: Path):
     """Serve `store`'s checkpoint truthfully, except that every chunk has one byte flipped."""
-    from locomesh.training.checkpoint import manifest_path, read_manifest
+    from locomesh.node.transfer.store import manifest_path, read_manifest
 
     async def handle(stream) -> None:
         while (request := await wire.next_request(stream, wire.remote_peer(stream), idle_timeout=30)) is not None:
@@ -169,7 +169,7 @@ def test_an_interrupted_download_resumes_without_fetching_stored_chunks_again(tm
 
 
 def load_manifest(store: Path, checkpoint_id: bytes):
-    from locomesh.training.checkpoint import manifest_path, read_manifest
+    from locomesh.node.transfer.store import manifest_path, read_manifest
 
     return read_manifest(manifest_path(store, checkpoint_id).read_bytes(), expected_id=checkpoint_id)
 

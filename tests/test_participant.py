@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from locomesh.training.checkpoint import manifest_path, remove_checkpoints
+from locomesh.node.transfer.store import manifest_path, remove_checkpoints
 from locomesh.training.participant import Participant, ParticipantError, RoundSettings
 
 RUN = b"\x07" * 32

@@ -39,7 +39,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from .attacks import AttackView, get_attack
-from .checkpoint import (
+from locomesh.node.transfer.store import (
     FAST_LEVEL, LimitError, Manifest, ManifestLimits, TensorSpec, checkpoint_limits, checkpoint_manifest, layout_raw_size,
     load_checkpoint, manifest_path, read_manifest, state_digest, write_checkpoint,
 )

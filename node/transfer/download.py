@@ -86,9 +86,9 @@ REFUSED = (CheckpointRefused, LimitError)
 
 
 def checkpoint_store() -> ModuleType:
-    """`locomesh.training.checkpoint`, imported on first use: it pulls in torch, which a daemon
+    """`locomesh.node.transfer.store`, imported on first use: it pulls in torch, which a daemon
     must not load at start-up (see `node.debug`), so callers run this in a thread."""
-    return importlib.import_module("locomesh.training.checkpoint")
+    return importlib.import_module("locomesh.node.transfer.store")
 
 
 @dataclass

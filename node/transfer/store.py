@@ -34,12 +34,12 @@ import torch
 from locomesh.protocol import ProtocolError, compress, decompress
 from locomesh.protocol.files import atomic_write
 
-from .checkpoint_manifest import (
+from locomesh.training.checkpoint_manifest import (
     chunk_path, manifest_path, DEFAULT_CHUNK_SIZE, HASH_SIZE, MAX_CHUNK_SIZE, MIN_CHUNK_SIZE, CheckpointError, ChunkRef,
     LimitError, Manifest, ManifestLimits, TensorSpec, merkle_proof, merkle_root, read_manifest, split_metadata, verify_chunk,
     verify_merkle_proof,
 )
-from .state_format import MAGIC, MAX_HEADER_SIZE, PREFIX_SIZE, check_layout, layout_raw_size, parse_header, state_pieces, views
+from locomesh.training.state_format import MAGIC, MAX_HEADER_SIZE, PREFIX_SIZE, check_layout, layout_raw_size, parse_header, state_pieces, views
 
 __all__ = [
     "DEFAULT_CHUNK_SIZE", "CheckpointError", "ChunkRef", "LimitError", "Manifest", "ManifestLimits", "TensorSpec",
