@@ -39,11 +39,13 @@ from locomesh.crdt import Replica
 from locomesh.crdt.evidence import ban_reason
 from locomesh.protocol import peer_id_from_public_key
 from locomesh.protocol.runs import short_run_id
-from locomesh.training.checkpoint_manifest import Manifest, manifest_path, read_manifest
 from locomesh.training.run_settings import TrainingDiverged
 
 from locomesh.node.rounds import machine as rm
-from locomesh.node.transfer.download import REFUSED, DownloadError, DownloadProgress, Offload, checkpoint_store, download_checkpoint
+from locomesh.node.transfer.download import REFUSED, DownloadError, DownloadProgress, Offload, download_checkpoint
+from locomesh.node.transfer.store import (
+    load_checkpoint, load_state, read_stored_manifest, remove_checkpoints, write_checkpoint, write_state,
+)
 from locomesh.node.rounds.work import RoundRecord, RoundWork, TrainingAhead
 from locomesh.node.runtime import Node
 
@@ -354,9 +356,8 @@ class RunParticipation:
             self._ahead = None
 
     def _store_payload(self, round_number: int, payload: bytes) -> Any:
-        store = checkpoint_store()
         tensors = {"payload": np.frombuffer(payload, dtype=np.uint8)}
-        return store.write_checkpoint(self.directory, tensors, {"round": round_number, "run": self.run_id, "kind": "payload"})
+        return write_checkpoint(self.directory, tensors, {"round": round_number, "run": self.run_id, "kind": "payload"})
 
     async def _fetch(self, work: RoundWork, author: bytes, payload_id: bytes, size: int) -> None:
         """Fetch one payload, trying again while FETCH_TIMEOUT lasts: a provider that is busy, or a
@@ -433,7 +434,7 @@ class RunParticipation:
         """The payload `payload_id` of this run's round `round_number` from our store; None if it
         is not there whole, or is no such payload (or breaks the `limits` of one)."""
         try:
-            tensors, metadata = await self.offload(checkpoint_store().load_checkpoint, self.directory, payload_id, limits)
+            tensors, metadata = await self.offload(load_checkpoint, self.directory, payload_id, limits)
         except (OSError, ValueError):
             return None
         payload = tensors.get("payload")
@@ -489,7 +490,7 @@ class RunParticipation:
         steward = self.me in self._stewards(round_number)
         try:
             if steward:
-                manifest = await self.offload(snapshot.save, self.directory, self.run_id)
+                manifest = await self.offload(write_state, self.directory, snapshot, self.run_id)
             else:
                 manifest = await self.offload(snapshot.manifest, self.run_id)
         except (OSError, ValueError) as error:  # a full disk, say: we keep training, others offer the state
@@ -521,7 +522,7 @@ class RunParticipation:
             await download_checkpoint(self.node, self.directory, checkpoint_id, self._state_providers(round_number),
                                       scores=self.scores, progress=DownloadProgress(checkpoint_id), offload=self.offload,
                                       limits=self.participant.state_limits(self.run_id, round_number))
-            manifest = await self.offload(_read_installed_manifest, self.directory, checkpoint_id)
+            manifest = await self.offload(read_stored_manifest, self.directory, checkpoint_id)
         except (DownloadError, OSError, ValueError) as error:
             logger.info("round %d: state download failed: %s", round_number, error)
             return False
@@ -530,7 +531,7 @@ class RunParticipation:
             return False
         async with self._compute:
             try:
-                await self.compute(self.participant.load, self.directory, checkpoint_id, self.run_id)
+                await self.compute(load_state, self.directory, checkpoint_id, self.participant, self.run_id)
             except ValueError as error:
                 logger.warning("round %d: the certified state does not fit this run: %s", round_number, error)
                 return False
@@ -549,7 +550,7 @@ class RunParticipation:
         """Delete this run's payloads and states from before the last KEPT_ROUNDS rounds (a peer that
         syncs wants the newest certified state; older ones only fill the disk)."""
         oldest = round_number - KEPT_ROUNDS
-        checkpoint_store().remove_checkpoints(
+        remove_checkpoints(
             self.directory, lambda meta: meta.get("run") == self.run_id and meta.get("round", oldest) < oldest
         )
 
@@ -564,7 +565,3 @@ class RunParticipation:
     def _other_members(self, exclude: bytes | None = None) -> list[str]:
         return [peer_id_from_public_key(member) for member in self.replica.state.members
                 if member not in (self.me, exclude)]
-
-
-def _read_installed_manifest(directory: Path, checkpoint_id: bytes) -> Manifest:
-    return read_manifest(manifest_path(directory, checkpoint_id).read_bytes(), expected_id=checkpoint_id)
