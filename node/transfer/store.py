@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
-from locomesh.protocol.files import atomic_write
+from locomesh.node.files import atomic_write
 from locomesh.training.checkpoint_manifest import (
     DEFAULT_CHUNK_SIZE, HASH_SIZE, CheckpointError, Manifest, ManifestLimits, read_manifest, verify_chunk,
 )
