@@ -44,7 +44,8 @@ from locomesh.cli.daemon_process import DaemonProcess
 from locomesh.node.transfer.download import ProviderSession
 from locomesh.node.runtime import Node
 from locomesh.protocol import Identity
-from locomesh.training.checkpoint import verify_chunk, write_checkpoint
+from locomesh.node.transfer.store import write_checkpoint
+from locomesh.training.checkpoint_manifest import verify_chunk
 
 MB = 1e6
 

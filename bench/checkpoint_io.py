@@ -23,7 +23,7 @@ import torch
 
 from _report import machine, report  # bench/ is on sys.path when this file runs as a script
 
-from locomesh.training.checkpoint import load_checkpoint, write_checkpoint
+from locomesh.node.transfer.store import load_checkpoint, write_checkpoint
 
 MB = 1e6
 

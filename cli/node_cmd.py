@@ -67,9 +67,8 @@ def start_daemon(args: argparse.Namespace) -> int:
     configure_logging(level=config.log_level, fmt=config.log_format)
 
     from locomesh.node.daemon import run_daemon  # the heavy import (libp2p), only now
-    from locomesh.node.datadir import DataDirError
+    from locomesh.node.datadir import DataDirError, IdentityError
     from locomesh.node.runtime import AddressInUse, ListenError
-    from locomesh.protocol import IdentityError
 
     try:
         return run_daemon(config)

@@ -21,13 +21,13 @@ import trio
 
 from locomesh.node.transfer import wire as wire
 from locomesh.node.transfer.service import CheckpointService
+from locomesh.node.transfer.store import install_manifest, store_chunk
 from locomesh.crdt import Replica
 from locomesh.crdt.ops import content_id, op_content, seal_ops
 from locomesh.node.replication.service import CrdtService
 from locomesh.protocol import Identity, compress
 from locomesh.protocol.kinds import MAX_SEAL_OPS
-from locomesh.protocol.files import atomic_write
-from locomesh.training.checkpoint_manifest import CheckpointError, ChunkRef, Manifest, chunk_path, manifest_path
+from locomesh.training.checkpoint_manifest import CheckpointError, ChunkRef, Manifest
 
 WITHHOLD_FROM = 2  # a withholder serves round 1 honestly, so that its key earns a say
 
@@ -97,8 +97,8 @@ def install_zero_chunk_bomb(directory: Path, run_id: bytes, round_number: int, *
         round=round_number, run=run_id, state_hash=bytes(32),
         metadata=metadata if metadata is not None else {"kind": "payload"},
     )
-    atomic_write(chunk_path(directory, digest), frame)
-    atomic_write(manifest_path(directory, manifest.id), manifest.encode())
+    store_chunk(directory, manifest, 0, frame)
+    install_manifest(directory, manifest)
     return manifest
 
 

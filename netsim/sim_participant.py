@@ -1,7 +1,7 @@
 """A participant whose training costs modelled time instead of CPU, for the `train` scenario.
 
 `SimParticipant` has the public surface of `locomesh.training.participant.Participant` that the
-round protocol uses (`train`, `delayed_start`, `aggregate`, `save`, `load`, `evaluation_due`, `evaluate`,
+round protocol uses (`train`, `delayed_start`, `aggregate`, `snapshot`, `adopt`, `evaluation_due`, `evaluate`,
 `payload_limits`, `state_limits`, `round`, `outer.numel`, `settings.inner_steps`, `settings.delayed_updates`), so the daemon's real
 `RoundService` and `RunParticipation` drive it unchanged. What differs:
 
@@ -12,8 +12,9 @@ round protocol uses (`train`, `delayed_start`, `aggregate`, `save`, `load`, `eva
   that aggregate the same set reach the same state byte for byte, and a payload that fails the
   check (the real participant's decoder refusing junk) changes nothing, as robust aggregation
   should ensure for the real model;
-- `save`/`load` write and read a real checkpoint (`training.checkpoint`) of the state bytes, so
-  certificates name a real `state_hash` and a peer that disagrees syncs over the network.
+- `snapshot`/`adopt` hand out and take in the state bytes as one tensor, which the node's store
+  writes and reads as a real checkpoint, so certificates name a real `state_hash` and a peer
+  that disagrees syncs over the network.
 
 A payload is valid when it starts with `PAYLOAD_MARK` and is `payload_bytes` long; a Byzantine
 participant (`byzantine=True`) sends bytes of the right length that start with anything else.
@@ -22,18 +23,15 @@ participant (`byzantine=True`) sends bytes of the right length that start with a
 from __future__ import annotations
 
 import hashlib
-import os
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import numpy as np
 import trio
 
-from locomesh.training.checkpoint import (
-    LimitError, Manifest, ManifestLimits, TensorSpec, checkpoint_limits, load_checkpoint, manifest_path, read_manifest,
-    state_digest, write_checkpoint,
-)
-from locomesh.training.participant import Contribution, ParticipantError, StateSnapshot, payload_limits
+from locomesh.training.checkpoint_manifest import ManifestLimits, TensorSpec
+from locomesh.training.participant import Contribution, StateSnapshot, payload_limits
+from locomesh.training.state_chunks import checkpoint_limits, state_digest
 
 PAYLOAD_MARK = 0x4C  # "L": the first byte of an honest payload
 JUNK_MARK = 0x00
@@ -139,18 +137,10 @@ class SimParticipant:
     def snapshot(self) -> StateSnapshot:
         return StateSnapshot(self._tensors(), self.round)  # the state is immutable bytes
 
-    def save(self, directory: str | os.PathLike, run: bytes) -> Manifest:
-        return self.snapshot().save(directory, run)
-
-    def load(self, directory: str | os.PathLike, checkpoint_id: bytes, run: bytes) -> Manifest:
-        """Adopt a verified checkpoint's state; `ParticipantError` if it is not a state of this run."""
-        try:
-            tensors, metadata = load_checkpoint(directory, checkpoint_id, self.state_limits(run))
-        except LimitError as error:
-            raise ParticipantError(f"the checkpoint is not a simulated state of this run: {error.reason}") from error
-        self.state = tensors["state"].numpy().tobytes()
-        self.round = metadata["round"]
-        return read_manifest(manifest_path(directory, checkpoint_id).read_bytes())
+    def adopt(self, tensors: Mapping[str, Any], round_number: int) -> None:
+        """Take a stored state that kept `state_limits` as the state after round `round_number`."""
+        self.state = np.asarray(tensors["state"]).tobytes()
+        self.round = round_number
 
 
 class SimCompute:

@@ -2,7 +2,7 @@
 
 Start-up, in order: take the data dir's lock; check that nothing listens on
 our addresses yet (`locomesh.node.host.addresses_in_use`); delete the
-temporaries that writes cut short by a crash left (`locomesh.protocol.files`);
+temporaries that writes cut short by a crash left (`locomesh.node.files`);
 load (or create, once) the identity; build the node with its services;
 listen; start the RPC server on 127.0.0.1; write a fresh cookie and
 ``rpc.json``. From that moment clients can find and drive the daemon (see
@@ -31,12 +31,12 @@ import trio
 from multiaddr import Multiaddr
 
 from locomesh.protocol import Identity
-from locomesh.protocol.files import remove_stray_temporaries
+from locomesh.node.files import remove_stray_temporaries
 
 from locomesh.node.transfer.service import CheckpointService
 from locomesh.node.config import NodeConfig
 from locomesh.node.replication.service import CrdtService
-from locomesh.node.datadir import DataDir, RpcInfo
+from locomesh.node.datadir import DataDir, RpcInfo, load_or_create_identity
 from locomesh.node.host import addresses_in_use
 from locomesh.node.nat.services import nat_services
 from locomesh.node.ping import PingService
@@ -85,7 +85,7 @@ def run_daemon(config: NodeConfig, *, services: ServiceFactory = default_service
         if busy:
             raise AddressInUse(f"address in use: {', '.join(str(address) for address in busy)}")
         _remove_stray_temporaries(datadir)
-        identity = Identity.load_or_create(datadir.identity_path)
+        identity = load_or_create_identity(datadir.identity_path)
         try:
             trio.run(_serve, config, datadir, identity, services)
         except BaseExceptionGroup as group:

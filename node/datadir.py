@@ -9,8 +9,9 @@
         runs/          the runs it knows (`locomesh.node.runs.store`)
         crdt/          each run's op log: every op it applied there (`locomesh.node.replication.op_log`)
 
-`rpc.json` and `rpc.cookie` are written atomically once the RPC answers, and
-removed on a clean shutdown. A client therefore trusts them only while the
+The identity key is PKCS#8 PEM, written atomically and readable by the owner alone
+(`load_or_create_identity`; a looser mode found on it is tightened). `rpc.json` and
+`rpc.cookie` are written atomically once the RPC answers, and removed on a clean shutdown. A client therefore trusts them only while the
 lock is held (`daemon_running`): a daemon that crashed leaves stale files but
 no lock, because the kernel drops the lock with the process.
 
@@ -28,7 +29,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from locomesh.protocol.files import atomic_write
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from locomesh.node.files import atomic_write
+from locomesh.protocol import Identity
 
 IDENTITY_FILE = "identity.key"
 LOCK_FILE = "daemon.lock"
@@ -41,6 +46,10 @@ _LOCK_ATTEMPTS = 10
 
 class DataDirError(Exception):
     """The data dir cannot be used (locked by another daemon, unwritable, or holding a bad file)."""
+
+
+class IdentityError(Exception):
+    """A key file that is missing, unreadable, or not an Ed25519 key."""
 
 
 @dataclass(frozen=True)
@@ -141,6 +150,44 @@ class DataDir:
             return None
         except OSError as error:
             raise DataDirError(f"cannot read {self.path / name}: {error.strerror}") from None
+
+
+# --- the identity key -------------------------------------------------------------------
+
+
+def save_identity(identity: Identity, path: str | os.PathLike) -> None:
+    """Write the key as PKCS#8 PEM, atomically, readable by the owner alone."""
+    pem = identity.private_key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+    atomic_write(path, pem, mode=0o600)
+
+
+def load_identity(path: str | os.PathLike) -> Identity:
+    """The identity whose key is at `path` (its mode tightened to 0600 if it was looser), or `IdentityError`."""
+    path = Path(path)
+    try:
+        pem = path.read_bytes()
+    except OSError as exc:
+        raise IdentityError(f"cannot read identity key {path}: {exc.strerror}") from None
+    try:
+        key = serialization.load_pem_private_key(pem, password=None)
+    except (ValueError, TypeError) as exc:
+        raise IdentityError(f"{path} is not a PEM private key: {exc}") from None
+    if not isinstance(key, Ed25519PrivateKey):
+        raise IdentityError(f"{path} holds a {type(key).__name__}, not an Ed25519 key")
+    if path.stat().st_mode & 0o077:
+        os.chmod(path, 0o600)
+    return Identity(key)
+
+
+def load_or_create_identity(path: str | os.PathLike) -> Identity:
+    """The identity at `path`, created there on first use."""
+    if Path(path).exists():
+        return load_identity(path)
+    identity = Identity.generate()
+    save_identity(identity, path)
+    return identity
 
 
 def _try_lock(fd: int) -> bool:

@@ -1,22 +1,19 @@
 """A node's identity: one Ed25519 key, and the peer ID libp2p derives from it.
 
-The key is kept as PKCS#8 PEM with mode 0600 in the data dir. The peer ID is
-computed here exactly as libp2p does (base58btc of an identity multihash over
-the protobuf-framed public key), so `protocol` needs no libp2p import.
+The peer ID is computed here exactly as libp2p does (base58btc of an identity
+multihash over the protobuf-framed public key), so `protocol` needs no libp2p
+import. The node keeps its key in a file of its data dir (`locomesh.node.datadir`).
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
-from pathlib import Path
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from .errors import ProtocolError
-from .files import atomic_write
 
 PUBLIC_KEY_SIZE = 32
 SIGNATURE_SIZE = 64
@@ -25,10 +22,6 @@ SIGNATURE_SIZE = 64
 _PROTOBUF_ED25519_PREFIX = b"\x08\x01\x12\x20"
 _IDENTITY_MULTIHASH_PREFIX = b"\x00\x24"
 _B58_ALPHABET = "123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz"
-
-
-class IdentityError(Exception):
-    """A key file that is missing, unreadable, or not an Ed25519 key."""
 
 
 @dataclass(frozen=True)
@@ -65,39 +58,6 @@ class Identity:
 
     def sign(self, data: bytes) -> bytes:
         return self.private_key.sign(data)
-
-    def save(self, path: str | os.PathLike) -> None:
-        """Write the key as PKCS#8 PEM, atomically, readable by the owner alone."""
-        pem = self.private_key.private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-        )
-        atomic_write(path, pem, mode=0o600)
-
-    @classmethod
-    def load(cls, path: str | os.PathLike) -> Identity:
-        path = Path(path)
-        try:
-            pem = path.read_bytes()
-        except OSError as exc:
-            raise IdentityError(f"cannot read identity key {path}: {exc.strerror}") from None
-        try:
-            key = serialization.load_pem_private_key(pem, password=None)
-        except (ValueError, TypeError) as exc:
-            raise IdentityError(f"{path} is not a PEM private key: {exc}") from None
-        if not isinstance(key, Ed25519PrivateKey):
-            raise IdentityError(f"{path} holds a {type(key).__name__}, not an Ed25519 key")
-        if path.stat().st_mode & 0o077:
-            os.chmod(path, 0o600)
-        return cls(key)
-
-    @classmethod
-    def load_or_create(cls, path: str | os.PathLike) -> Identity:
-        """The identity at `path`, created there on first use."""
-        if Path(path).exists():
-            return cls.load(path)
-        identity = cls.generate()
-        identity.save(path)
-        return identity
 
 
 def verify(public_key: bytes, signature: bytes, data: bytes) -> None:

@@ -26,7 +26,8 @@ from locomesh.node.peer_scores import PeerScores
 from locomesh.node.rounds.work import RoundWork
 from locomesh.node.rounds.participation import RunParticipation
 from locomesh.node.runtime import Node
-from locomesh.training.checkpoint import LimitError, load_checkpoint, manifest_path, write_checkpoint
+from locomesh.node.transfer.store import load_checkpoint, load_state, manifest_path, write_checkpoint
+from locomesh.training.checkpoint_manifest import LimitError
 from locomesh.training.codec import encode
 from locomesh.training.participant import Participant, ParticipantError
 
@@ -171,12 +172,11 @@ def test_a_state_whose_tensors_do_not_fit_the_model_is_refused_before_it_is_allo
     assert manifest.raw_size == peer.state_raw_size() and len(manifest.chunks) == 6
     tracemalloc.start()
     try:
-        with pytest.raises(ParticipantError) as error:
-            peer.load(tmp_path, manifest.id, run)
+        with pytest.raises(LimitError) as error:
+            load_state(tmp_path, manifest.id, peer, run)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
-    assert isinstance(error.value.__cause__, LimitError) and error.value.__cause__.limit == "tensors"
-    assert "previous" in str(error.value)
+    assert error.value.limit == "tensors" and "previous" in str(error.value)
     assert peak < manifest.raw_size / 2  # a chunk or two were inflated; the state never was
     assert peer.round == 0  # nothing adopted

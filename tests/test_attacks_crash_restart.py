@@ -28,11 +28,10 @@ from locomesh.crdt import Replica, encode_op, op_id
 from locomesh.node.replication.service import CrdtService
 from locomesh.node.rounds import machine as rm
 from locomesh.node.transfer.download import run_inline
-from locomesh.node.datadir import IDENTITY_FILE
+from locomesh.node.datadir import IDENTITY_FILE, load_identity
 from locomesh.node.replication.op_log import OpLog, load_into
 from locomesh.node.rounds.participation import RunParticipation
 from locomesh.node.runtime import Node
-from locomesh.protocol import Identity
 from locomesh.protocol.runs import load_manifest, parse_run_id, sign_manifest
 from locomesh.training.participant import payload_limits
 
@@ -162,7 +161,7 @@ def test_a_banned_key_is_shown_banned_and_cannot_join_again(tmp_path):
         join(victim, run_id)
         victim.stop()
         # The disk shows that this key signed two different ops at seq 1: a fork.
-        me = Identity.load(victim.data_dir / IDENTITY_FILE)
+        me = load_identity(victim.data_dir / IDENTITY_FILE)
         path = OpLog.for_run(victim.data_dir, parse_run_id(run_id)).path
         fork = encode_op(me, parse_run_id(run_id), "crdt.join", [], 1, round=2)
         assert fork not in records(path)

@@ -29,8 +29,7 @@ from locomesh.node.runtime import Node
 from locomesh.node.streams import write_frame
 from locomesh.protocol import encode
 from locomesh.protocol.kinds import CKPT_DATAPLANE_HELLO, CKPT_DATAPLANE_OFFER, CKPT_REPLY
-from locomesh.training.checkpoint import load_checkpoint, write_checkpoint
-from locomesh.training.checkpoint_manifest import manifest_path
+from locomesh.node.transfer.store import load_checkpoint, manifest_path, write_checkpoint
 
 LOOPBACK = [Multiaddr("/ip4/127.0.0.1/tcp/0")]
 MiB = 1024 * 1024

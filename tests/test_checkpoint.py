@@ -1,9 +1,9 @@
-"""Checkpoint format: round trips, deterministic IDs, every rejection path, atomic writes."""
+"""Checkpoint format (training/: state headers, chunks, manifests, the Merkle tree): every
+rejection path. The store that keeps checkpoints in files is tested in test_checkpoint_store.py."""
 
 from __future__ import annotations
 
 import hashlib
-import os
 
 import numpy as np
 import pytest
@@ -11,14 +11,13 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from locomesh.node.transfer.store import load_checkpoint, write_chunks
 from locomesh.protocol import ProtocolError, compress, pack, unpack
-from locomesh.training import checkpoint as ck
 from locomesh.training import state_format
-from locomesh.training.checkpoint_manifest import MAX_MANIFEST_SIZE
-from locomesh.training.checkpoint import (
-    CheckpointError, chunk_path, decode_chunk, load_checkpoint, manifest_path, merkle_proof, merkle_root,
-    missing_chunks, read_manifest, store_chunk, verify_chunk, verify_merkle_proof, write_checkpoint,
+from locomesh.training.checkpoint_manifest import (
+    MAX_MANIFEST_SIZE, CheckpointError, merkle_proof, merkle_root, read_manifest, verify_merkle_proof,
 )
+from locomesh.training.state_chunks import FAST_LEVEL, StateChunks, checkpoint_manifest, decode_chunk, state_digest
 
 RUN = bytes(range(32))
 META = {"round": 7, "run": RUN, "task": "bytes-lm", "loss": 2.5, "note": b"\x00\xff"}
@@ -68,157 +67,36 @@ def assert_same_state(loaded: dict[str, torch.Tensor], original: dict[str, objec
 
 
 @pytest.fixture
-def written(tmp_path):
-    state = mixed_state()
-    manifest = write_checkpoint(tmp_path, state, META, chunk_size=SMALL_CHUNK)
-    return tmp_path, state, manifest
+def manifest():
+    return checkpoint_manifest(mixed_state(), META, chunk_size=SMALL_CHUNK)
 
 
-# --- round trips and IDs --------------------------------------------------------------------
-
-
-def test_round_trip_is_bit_exact_for_every_dtype(written):
-    directory, state, manifest = written
-    assert len(manifest.chunks) > 3  # the state really spans several chunks
-    tensors, metadata = load_checkpoint(directory, manifest.id)
-    assert_same_state(tensors, state)
-    assert metadata == META
-    assert load_checkpoint(directory, manifest.id.hex())[1] == META
-
-
-def test_state_digest_is_the_state_hash_a_write_gives(written):
-    directory, state, manifest = written
-    assert ck.state_digest(state) == manifest.state_hash
+def test_state_digest_is_the_state_hash_of_the_manifest(manifest):
+    assert state_digest(mixed_state()) == manifest.state_hash
     one = {"theta": np.arange(10, dtype=np.float32)}
     other = {"theta": np.arange(10, dtype=np.float32) + np.float32(1)}
-    assert ck.state_digest(one) != ck.state_digest(other)
-    assert ck.state_digest(one) != ck.state_digest({"momentum": one["theta"]})  # names are part of the state
+    assert state_digest(one) != state_digest(other)
+    assert state_digest(one) != state_digest({"momentum": one["theta"]})  # names are part of the state
 
 
-def test_checkpoint_manifest_is_the_manifest_a_write_gives_and_writes_nothing(written, monkeypatch):
-    directory, state, manifest = written
-
-    def no_writes(*args, **kwargs):
-        raise AssertionError("checkpoint_manifest wrote a file")
-
-    monkeypatch.setattr(ck, "atomic_write", no_writes)
-    assert ck.checkpoint_manifest(state, META, chunk_size=SMALL_CHUNK) == manifest
-    assert ck.checkpoint_manifest(state, META, chunk_size=SMALL_CHUNK, level=ck.FAST_LEVEL).id != manifest.id
+def test_the_level_changes_the_chunks_not_the_state(manifest):
+    fast = checkpoint_manifest(mixed_state(), META, chunk_size=SMALL_CHUNK, level=FAST_LEVEL)
+    assert fast.state_hash == manifest.state_hash and fast.id != manifest.id
 
 
-def test_zero_dim_and_empty_state_round_trip(tmp_path):
-    scalar = {"s": torch.tensor(-3, dtype=torch.int8)}
-    manifest = write_checkpoint(tmp_path, scalar, {"round": 0, "run": b""})
-    tensors, _ = load_checkpoint(tmp_path, manifest.id)
-    assert tensors["s"].shape == () and tensors["s"].item() == -3
-    empty = write_checkpoint(tmp_path, {}, {"round": 0, "run": b""})
-    assert load_checkpoint(tmp_path, empty.id) == ({}, {"round": 0, "run": b""})
+def test_the_manifest_is_known_only_once_every_chunk_was_handed_out():
+    chunks = StateChunks([bytes(3000)], {"round": 0, "run": b""}, chunk_size=SMALL_CHUNK)
+    handed = iter(chunks)
+    next(handed)
+    with pytest.raises(RuntimeError):
+        chunks.manifest()
+    assert [ref.raw_size for ref, _ in handed] == [1024, 952]
+    assert chunks.manifest().raw_size == 3000 and len(chunks.manifest().chunks) == 3
 
 
-def test_ids_are_deterministic_and_chunks_are_reused(tmp_path):
-    state = mixed_state()
-    first = write_checkpoint(tmp_path / "a", state, META, chunk_size=SMALL_CHUNK)
-    reordered = dict(reversed(list(mixed_state().items())))
-    second = write_checkpoint(tmp_path / "b", reordered, dict(reversed(list(META.items()))), chunk_size=SMALL_CHUNK)
-    assert first.id == second.id
-    assert first.encode() == second.encode()
-
-    chunk_files = sorted((tmp_path / "a" / "chunks").iterdir())
-    before = {path: path.stat().st_mtime_ns for path in chunk_files}
-    again = write_checkpoint(tmp_path / "a", state, META, chunk_size=SMALL_CHUNK)
-    assert again.id == first.id
-    assert {path: path.stat().st_mtime_ns for path in chunk_files} == before
-
-    other_meta = write_checkpoint(tmp_path / "a", state, {**META, "round": 8}, chunk_size=SMALL_CHUNK)
-    assert other_meta.id != first.id and other_meta.chunks == first.chunks
-    state["weird"] = state["weird"].clone()
-    state["weird"][3] = 0.0  # -0.0 -> +0.0: equal as numbers, different bits, different checkpoint
-    assert write_checkpoint(tmp_path / "a", state, META, chunk_size=SMALL_CHUNK).id != first.id
-
-
-def test_damaged_chunk_is_rewritten_on_the_next_write(written):
-    directory, state, manifest = written
-    path = chunk_path(directory, manifest.chunks[0].hash)
-    path.write_bytes(b"garbage")
-    write_checkpoint(directory, state, META, chunk_size=SMALL_CHUNK)
-    assert hashlib.sha256(path.read_bytes()).digest() == manifest.chunks[0].hash
-
-
-# --- damaged or missing chunks --------------------------------------------------------------
-
-
-def test_flipped_byte_in_a_chunk_is_detected(written):
-    directory, _, manifest = written
-    ref = manifest.chunks[2]
-    path = chunk_path(directory, ref.hash)
-    data = bytearray(path.read_bytes())
-    data[len(data) // 2] ^= 0x01
-    path.write_bytes(bytes(data))
-    with pytest.raises(CheckpointError, match="does not match its hash"):
-        verify_chunk(manifest, 2, bytes(data))
-    with pytest.raises(CheckpointError, match=ref.hash.hex()) as error:
-        load_checkpoint(directory, manifest.id)
-    assert error.value.code == "bad-chunk"
-
-
-def test_truncated_chunk_is_detected(written):
-    directory, _, manifest = written
-    path = chunk_path(directory, manifest.chunks[-1].hash)
-    path.write_bytes(path.read_bytes()[:-1])
-    with pytest.raises(CheckpointError, match="chunk 1?[0-9]+ .* bytes, expected") as error:
-        load_checkpoint(directory, manifest.id)
-    assert error.value.code == "bad-chunk"
-
-
-def test_missing_chunk_is_named(written):
-    directory, _, manifest = written
-    chunk_path(directory, manifest.chunks[1].hash).unlink()
-    assert missing_chunks(directory, manifest) == [1]
-    with pytest.raises(CheckpointError, match=f"chunk 1 \\({manifest.chunks[1].hash.hex()}\\)") as error:
-        load_checkpoint(directory, manifest.id)
-    assert error.value.code == "missing-chunk"
-
-
-def test_missing_manifest_and_bad_ids(written):
-    directory, _, manifest = written
-    with pytest.raises(CheckpointError) as error:
-        load_checkpoint(directory, bytes(32))
-    assert error.value.code == "missing-manifest"
-    for bad_id in ("zz", "abcd", b"short"):
-        with pytest.raises(CheckpointError) as error:
-            load_checkpoint(directory, bad_id)
-        assert error.value.code == "wrong-id"
-    other = manifest_path(directory, bytes(32))
-    other.write_bytes(manifest.encode())  # a manifest filed under a name it does not hash to
-    with pytest.raises(CheckpointError) as error:
-        load_checkpoint(directory, bytes(32))
-    assert error.value.code == "wrong-id"
-
-
-def test_downloader_path_verifies_before_storing(written, tmp_path):
-    directory, state, manifest = written
-    mirror = tmp_path / "mirror"
-    (mirror / "manifests").mkdir(parents=True)
-    manifest_path(mirror, manifest.id).write_bytes(manifest.encode())
-    assert missing_chunks(mirror, manifest) == list(range(len(manifest.chunks)))
-    for index, ref in enumerate(manifest.chunks):
-        data = chunk_path(directory, ref.hash).read_bytes()
-        with pytest.raises(CheckpointError):
-            store_chunk(mirror, manifest, index, data[:-1] + bytes([data[-1] ^ 1]))
-        with pytest.raises(CheckpointError):
-            verify_chunk(manifest, (index + 1) % len(manifest.chunks), data)
-        store_chunk(mirror, manifest, index, data)
-        assert len(decode_chunk(manifest, index, data)) == ref.raw_size
-    assert missing_chunks(mirror, manifest) == []
-    assert_same_state(load_checkpoint(mirror, manifest.id)[0], state)
-    for index in (-1, len(manifest.chunks), True, "0"):
-        with pytest.raises(CheckpointError):
-            verify_chunk(manifest, index, b"")
-
-
-def test_chunk_that_hashes_right_but_inflates_wrong_is_refused(tmp_path):
+def test_chunk_that_hashes_right_but_inflates_wrong_is_refused():
     """A malicious writer can list a chunk whose frame is valid but whose size lies."""
-    manifest = write_checkpoint(tmp_path, {"x": torch.ones(600)}, {"round": 1, "run": b""}, chunk_size=SMALL_CHUNK)
+    manifest = checkpoint_manifest({"x": torch.ones(600)}, {"round": 1, "run": b""}, chunk_size=SMALL_CHUNK)
     fields = unpack(manifest.encode(), max_size=1 << 20)
     frame = compress(bytes(SMALL_CHUNK + 1))  # declares one byte more than a chunk may hold
     fields["chunks"][0] = {"hash": hashlib.sha256(frame).digest(), "size": len(frame), "raw_size": SMALL_CHUNK}
@@ -276,8 +154,7 @@ BAD_MANIFESTS = {
 
 
 @pytest.mark.parametrize("name", sorted(BAD_MANIFESTS))
-def test_manifest_with_a_bad_field_is_refused(written, name):
-    _, _, manifest = written
+def test_manifest_with_a_bad_field_is_refused(manifest, name):
     fields = unpack(manifest.encode(), max_size=1 << 20)
     BAD_MANIFESTS[name](fields)
     if name != "merkle_root-wrong" and isinstance(fields.get("chunks"), list):
@@ -295,8 +172,7 @@ def _fix_root_if_possible(fields):
         pass
 
 
-def test_chunk_count_must_match_sizes(written):
-    _, _, manifest = written
+def test_chunk_count_must_match_sizes(manifest):
     fields = unpack(manifest.encode(), max_size=1 << 20)
     fields["chunks"].append(dict(fields["chunks"][-1]))
     _fix_root(fields)
@@ -304,8 +180,7 @@ def test_chunk_count_must_match_sizes(written):
         read_manifest(pack(fields))
 
 
-def test_manifest_bytes_that_are_not_a_manifest(written):
-    _, _, manifest = written
+def test_manifest_bytes_that_are_not_a_manifest(manifest):
     data = manifest.encode()
     for bad in (b"", b"\xc1", data[:-1], data + b"\x00", pack([1, 2]), bytes(MAX_MANIFEST_SIZE + 1)):
         with pytest.raises(CheckpointError):
@@ -318,7 +193,7 @@ def test_manifest_bytes_that_are_not_a_manifest(written):
         read_manifest("not bytes")
 
 
-def test_writer_refuses_states_the_format_cannot_hold(tmp_path):
+def test_states_the_format_cannot_hold_are_refused():
     cases = [
         ({"x": torch.zeros(2, dtype=torch.float64)}, META),
         ({"x": np.zeros(2, dtype=np.uint32)}, META),
@@ -331,9 +206,9 @@ def test_writer_refuses_states_the_format_cannot_hold(tmp_path):
     ]
     for tensors, metadata in cases:
         with pytest.raises(CheckpointError):
-            write_checkpoint(tmp_path, tensors, metadata)
+            checkpoint_manifest(tensors, metadata)
     with pytest.raises(CheckpointError):
-        write_checkpoint(tmp_path, {"x": torch.zeros(1)}, META, chunk_size=100)
+        checkpoint_manifest({"x": torch.zeros(1)}, META, chunk_size=100)
 
 
 # --- headers inside the state (only a malicious writer makes these: chunks hash right) -----------
@@ -343,7 +218,7 @@ def _entry(name="a", dtype="float32", shape=(4,), offset=0, length=16):
     return {"name": name, "dtype": dtype, "shape": list(shape), "offset": offset, "length": length}
 
 
-def _blob(entries, data_size, *, magic=ck.MAGIC, header=None, data=None):
+def _blob(entries, data_size, *, magic=state_format.MAGIC, header=None, data=None):
     header = pack({"tensors": entries}) if header is None else header
     prefix = magic + len(header).to_bytes(4, "little") + header
     prefix += bytes(state_format.align(len(prefix)) - len(prefix))
@@ -351,7 +226,9 @@ def _blob(entries, data_size, *, magic=ck.MAGIC, header=None, data=None):
 
 
 def _load_blob(tmp_path, blob):
-    manifest = ck._store_state(tmp_path, [blob], {"round": 0, "run": b""}, SMALL_CHUNK)
+    """Store `blob` as a checkpoint's state and load it: the store reads the header from the first
+    chunks before the state, so this is the path a state from a peer takes."""
+    manifest = write_chunks(tmp_path, StateChunks([blob], {"round": 0, "run": b""}, chunk_size=SMALL_CHUNK))
     return load_checkpoint(tmp_path, manifest.id)
 
 
@@ -386,26 +263,6 @@ def test_hand_made_blob_loads(tmp_path):
     tensors, _ = _load_blob(tmp_path, _blob([_entry(), _entry("b", "bool", (2,), 64, 2)], 66, data=data))
     assert tensors["a"].tolist() == [0.0, 1.0, 2.0, 3.0] and tensors["b"].tolist() == [True, False]
     assert sorted(state_format.tensors_from_blob(np.frombuffer(bytearray(_VALID_BLOB), dtype=np.uint8))) == ["a", "b", "c"]
-
-
-# --- atomic writes ----------------------------------------------------------------------------
-
-
-def test_crash_before_rename_leaves_no_partial_file(written, monkeypatch):
-    directory, state, manifest = written
-    listing = {p.relative_to(directory): p.read_bytes() for p in directory.rglob("*") if p.is_file()}
-
-    def crash(src, dst):
-        raise OSError("simulated crash between the temporary write and the rename")
-
-    monkeypatch.setattr(os, "replace", crash)
-    changed = {**state, "embed.weight": state["embed.weight"] + 1}
-    with pytest.raises(OSError, match="simulated crash"):
-        write_checkpoint(directory, changed, META, chunk_size=SMALL_CHUNK)
-    monkeypatch.undo()
-    after = {p.relative_to(directory): p.read_bytes() for p in directory.rglob("*") if p.is_file()}
-    assert after == listing  # no temporary file left behind, no file changed
-    assert_same_state(load_checkpoint(directory, manifest.id)[0], state)
 
 
 # --- Merkle tree (RFC 6962 test vectors) ---------------------------------------------------------
@@ -487,10 +344,7 @@ _VALID_MANIFEST = None
 def _valid_manifest_bytes() -> bytes:
     global _VALID_MANIFEST
     if _VALID_MANIFEST is None:
-        import tempfile
-
-        with tempfile.TemporaryDirectory() as directory:
-            _VALID_MANIFEST = write_checkpoint(directory, mixed_state(), META, chunk_size=SMALL_CHUNK).encode()
+        _VALID_MANIFEST = checkpoint_manifest(mixed_state(), META, chunk_size=SMALL_CHUNK).encode()
     return _VALID_MANIFEST
 
 
@@ -552,12 +406,3 @@ def test_mutated_states_raise_only_checkpoint_errors(mutations):
     assert sum(t.numel() * t.element_size() for t in tensors.values()) <= len(data)
 
 
-def test_the_fast_level_stores_the_same_state_uncompressed(tmp_path):
-    weights = {"theta": np.random.default_rng(5).standard_normal(300_000).astype(np.float32)}
-    meta = {"round": 2, "run": b""}
-    packed = ck.write_checkpoint(tmp_path / "packed", weights, meta, chunk_size=ck.MIN_CHUNK_SIZE)
-    fast = ck.write_checkpoint(tmp_path / "fast", weights, meta, chunk_size=ck.MIN_CHUNK_SIZE, level=ck.FAST_LEVEL)
-    assert fast.state_hash == packed.state_hash and fast.id != packed.id
-    assert sum(c.size for c in fast.chunks) >= fast.raw_size > sum(c.size for c in packed.chunks)
-    tensors, _ = ck.load_checkpoint(tmp_path / "fast", fast.id)
-    assert np.array_equal(tensors["theta"].numpy(), weights["theta"])

@@ -15,7 +15,7 @@ from locomesh.dht import records
 from locomesh.node.transfer.service import CheckpointService
 from locomesh.node.runs.registry import RunRegistryService
 from locomesh.node.runtime import Node
-from locomesh.training.checkpoint import load_checkpoint, write_checkpoint
+from locomesh.node.transfer.store import load_checkpoint, write_checkpoint
 
 LOOPBACK = [Multiaddr("/ip4/127.0.0.1/tcp/0")]
 

@@ -19,7 +19,7 @@ from multiaddr import Multiaddr
 from locomesh.cli.daemon_process import DaemonProcess
 from locomesh.node.transfer import wire as wire
 from locomesh.node.runtime import Node
-from locomesh.training.checkpoint import chunk_path, load_checkpoint, write_checkpoint
+from locomesh.node.transfer.store import chunk_path, load_checkpoint, read_stored_manifest, write_checkpoint
 
 CHUNK = 16 * 1024
 LOOPBACK = [Multiaddr("/ip4/127.0.0.1/tcp/0")]
@@ -55,11 +55,10 @@ def wait_download(daemon: DaemonProcess, checkpoint_id: bytes, timeout: float = 
 
 def lying_handler(node: Node, store: Path):
     """Serve `store`'s checkpoint truthfully, except that every chunk has one byte flipped."""
-    from locomesh.training.checkpoint import manifest_path, read_manifest
 
     async def handle(stream) -> None:
         while (request := await wire.next_request(stream, wire.remote_peer(stream), idle_timeout=30)) is not None:
-            manifest = read_manifest(manifest_path(store, request.checkpoint_id).read_bytes())
+            manifest = read_stored_manifest(store, request.checkpoint_id)
             if request.index is None:
                 await wire.answer(stream, node.identity, wire.OK, manifest.encode(), timeout=30)
                 continue
@@ -129,7 +128,7 @@ def _copies(progress: dict) -> int:
 def test_an_interrupted_download_resumes_without_fetching_stored_chunks_again(tmp_path, log):
     store = tmp_path / "provider" / "checkpoints"
     tensors, checkpoint_id = make_checkpoint(store, seed=2)
-    manifest = load_manifest(store, checkpoint_id)
+    manifest = read_stored_manifest(store, checkpoint_id)
     # The provider has lost five chunks: the first download stops with those missing.
     held_back = {index: chunk_path(store, manifest.chunks[index].hash) for index in range(5, 10)}
     saved = {index: path.read_bytes() for index, path in held_back.items()}
@@ -166,12 +165,6 @@ def test_an_interrupted_download_resumes_without_fetching_stored_chunks_again(tm
     assert second["chunks_fetched"] == 5 and served == 5
     loaded, _ = load_checkpoint(tmp_path / "downloader" / "checkpoints", checkpoint_id)
     assert torch.equal(loaded["w"], tensors["w"])
-
-
-def load_manifest(store: Path, checkpoint_id: bytes):
-    from locomesh.training.checkpoint import manifest_path, read_manifest
-
-    return read_manifest(manifest_path(store, checkpoint_id).read_bytes(), expected_id=checkpoint_id)
 
 
 @pytest.mark.slow

@@ -13,7 +13,7 @@ from locomesh.node.runtime import Node
 from locomesh.node.streams import read_frame_or_eof, write_frame
 from locomesh.protocol import encode
 from locomesh.protocol.kinds import PING
-from locomesh.training.checkpoint import write_checkpoint
+from locomesh.node.transfer.store import write_checkpoint
 
 LOOPBACK = [Multiaddr("/ip4/127.0.0.1/tcp/0")]
 

@@ -101,7 +101,7 @@ def write_test_checkpoint(directory: Path) -> tuple[Any, bytes]:
     import numpy as np
     import torch
 
-    from locomesh.training.checkpoint import write_checkpoint
+    from locomesh.node.transfer.store import write_checkpoint
 
     values = np.random.default_rng(7).standard_normal(1 << 20).astype(np.float32)
     tensors = {"w": torch.from_numpy(values)}
@@ -113,7 +113,7 @@ def write_test_checkpoint(directory: Path) -> tuple[Any, bytes]:
 def test_behind_symmetric_nats_the_relay_carries_a_whole_checkpoint_download(lab_factory, tmp_path):
     import torch
 
-    from locomesh.training.checkpoint import load_checkpoint
+    from locomesh.node.transfer.store import load_checkpoint
 
     tensors, checkpoint_id = write_test_checkpoint(tmp_path / "host1" / "checkpoints")
     lab, start = lab_factory(symmetric=True)

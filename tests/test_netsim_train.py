@@ -10,7 +10,8 @@ import pytest
 from locomesh.netsim.scenarios import SCENARIOS, train
 from locomesh.node.rounds.payloads import FETCH_TIMEOUT
 from locomesh.netsim.sim_participant import JUNK_MARK, SimCost, SimParticipant
-from locomesh.training.participant import ParticipantError
+from locomesh.node.transfer.store import load_state, write_state
+from locomesh.training.checkpoint_manifest import LimitError
 from .repeatable import output_of_fresh_process
 
 # 2 s of compute per round and a 1 s join window keep 8 nodes x 3 rounds at seconds of wall time.
@@ -158,17 +159,17 @@ def test_save_and_load_carry_the_state(tmp_path):
     keys = [bytes([i]) * 32 for i in range(3)]
     ahead = SimParticipant(BODY, keys[0], COST)
     ahead.aggregate(_payloads(0, keys))
-    manifest = ahead.save(tmp_path, RUN)
-    assert manifest.state_hash == ahead.save(tmp_path, RUN).state_hash
+    manifest = write_state(tmp_path, ahead.snapshot(), RUN)
+    assert manifest.state_hash == write_state(tmp_path, ahead.snapshot(), RUN).state_hash
 
     behind = SimParticipant(BODY, keys[1], COST)
-    assert behind.load(tmp_path, manifest.id, RUN).state_hash == manifest.state_hash
+    assert load_state(tmp_path, manifest.id, behind, RUN).state_hash == manifest.state_hash
     assert behind.state == ahead.state and behind.round == 1
-    with pytest.raises(ParticipantError):
-        behind.load(tmp_path, manifest.id, b"\x01" * 32)
+    with pytest.raises(LimitError):
+        load_state(tmp_path, manifest.id, behind, b"\x01" * 32)
     other = SimParticipant(BODY, keys[1], SimCost(state_bytes=128))
-    with pytest.raises(ParticipantError):
-        other.load(tmp_path, manifest.id, RUN)
+    with pytest.raises(LimitError):
+        load_state(tmp_path, manifest.id, other, RUN)
     assert hashlib.sha256(behind.state).digest() == hashlib.sha256(ahead.state).digest()
 
 

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from locomesh.training.checkpoint import manifest_path, remove_checkpoints
+from locomesh.node.transfer.store import load_state, manifest_path, remove_checkpoints, write_state
+from locomesh.training.checkpoint_manifest import LimitError
 from locomesh.training.participant import Participant, ParticipantError, RoundSettings
 
 RUN = b"\x07" * 32
@@ -27,7 +28,8 @@ def one_round(participants):
 def test_peers_that_aggregate_the_same_payloads_hold_the_same_state(tmp_path):
     participants = peers()
     assert len(set(one_round(participants))) == 1
-    manifests = [participant.save(tmp_path / str(index), RUN) for index, participant in enumerate(participants)]
+    manifests = [write_state(tmp_path / str(index), participant.snapshot(), RUN)
+                 for index, participant in enumerate(participants)]
     assert len({manifest.state_hash for manifest in manifests}) == 1
     assert all(participant.round == 1 for participant in participants)
 
@@ -35,9 +37,10 @@ def test_peers_that_aggregate_the_same_payloads_hold_the_same_state(tmp_path):
 def test_a_peer_that_loads_the_certified_state_computes_the_next_round_like_the_others(tmp_path):
     participants = peers()
     one_round(participants)
-    manifest = participants[0].save(tmp_path, RUN)
+    manifest = write_state(tmp_path, participants[0].snapshot(), RUN)
+    assert manifest == participants[0].snapshot().manifest(RUN)  # what every voter attests
     newcomer = Participant.for_run(BODY, b"\x09" * 32)
-    assert newcomer.load(tmp_path, manifest.id, RUN).state_hash == manifest.state_hash
+    assert load_state(tmp_path, manifest.id, newcomer, RUN).state_hash == manifest.state_hash
     assert newcomer.round == 1
     payloads = {key: participant.train().payload for key, participant in zip(KEYS, participants)}
     assert participants[1].aggregate(payloads).params_hash == newcomer.aggregate(payloads).params_hash
@@ -45,9 +48,11 @@ def test_a_peer_that_loads_the_certified_state_computes_the_next_round_like_the_
 
 def test_a_checkpoint_of_another_run_is_refused(tmp_path):
     participant = peers()[0]
-    manifest = participant.save(tmp_path, RUN)
-    with pytest.raises(ParticipantError, match="another run"):
-        Participant.for_run(BODY, KEYS[1]).load(tmp_path, manifest.id, b"\x08" * 32)
+    manifest = write_state(tmp_path, participant.snapshot(), RUN)
+    newcomer = Participant.for_run(BODY, KEYS[1])
+    with pytest.raises(LimitError, match="run is") as error:
+        load_state(tmp_path, manifest.id, newcomer, b"\x08" * 32)
+    assert error.value.limit == "metadata" and newcomer.round == 0
 
 
 def test_an_alie_adversary_behaves_until_it_has_seen_the_others_then_hides_in_their_spread():
@@ -117,9 +122,9 @@ def test_evaluation_leaves_the_training_model_alone():
 
 def test_old_rounds_are_removed_with_their_chunks_and_the_rest_kept(tmp_path):
     participant = peers()[0]
-    old = participant.save(tmp_path, RUN)
+    old = write_state(tmp_path, participant.snapshot(), RUN)
     participant.round = 5
-    kept = participant.save(tmp_path, RUN)
+    kept = write_state(tmp_path, participant.snapshot(), RUN)
     assert remove_checkpoints(tmp_path, lambda meta: meta["round"] < 3) == 1
     assert not manifest_path(tmp_path, old.id).exists() and manifest_path(tmp_path, kept.id).exists()
     chunks = {path.name for path in (tmp_path / "chunks").iterdir()}

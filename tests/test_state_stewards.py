@@ -13,7 +13,7 @@ from locomesh.node.rounds import machine as rm
 from locomesh.node.transfer.download import run_inline
 from locomesh.node.rounds.participation import RunParticipation
 from locomesh.protocol import peer_id_from_public_key
-from locomesh.training.checkpoint import manifest_path
+from locomesh.node.transfer.store import manifest_path
 from locomesh.training.participant import StateSnapshot
 
 from .test_crdt_support import joined_replica, keys

@@ -14,7 +14,7 @@ from locomesh.node.transfer.service import CheckpointService
 from locomesh.node.peer_scores import PeerScores
 from locomesh.node.runtime import Node
 from locomesh.node.transfer.stream_pool import StreamPool
-from locomesh.training.checkpoint import write_checkpoint
+from locomesh.node.transfer.store import write_checkpoint
 
 LOOPBACK = [Multiaddr("/ip4/127.0.0.1/tcp/0")]
 

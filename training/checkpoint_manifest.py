@@ -1,6 +1,6 @@
 """The checkpoint manifest: what a checkpoint is made of, and the hash that names it.
 
-A checkpoint's serialized state (see `checkpoint.py`) is cut into chunks of
+A checkpoint's serialized state (see `state_format`) is cut into chunks of
 `chunk_size` raw bytes, the last one shorter; each chunk is zstd-compressed on
 its own and named by the SHA-256 of its *compressed* bytes, so a downloader can
 check a chunk from an untrusted provider before it inflates anything. The
@@ -29,10 +29,8 @@ names the limit, before anything is fetched or allocated for it.
 from __future__ import annotations
 
 import hashlib
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
@@ -189,10 +187,10 @@ class ManifestLimits:
     """What a caller allows a checkpoint it asked for to be (a payload or a state of its run).
 
     `check` looks at the manifest alone, so a download refuses a checkpoint before it fetches a
-    chunk of it; `tensors`, the exact layout, is checked against the state's header by
-    `load_checkpoint` before it allocates the state. `max_chunks` defaults to what `max_raw_size`
-    needs in chunks of `max_chunk_size` (the size the run's writers use): a manifest of many tiny
-    chunks costs a request each.
+    chunk of it; `tensors`, the exact layout, is checked against the state's header by the
+    node's store (`load_checkpoint`) before it allocates the state. `max_chunks` defaults to what
+    `max_raw_size` needs in chunks of `max_chunk_size` (the size the run's writers use): a
+    manifest of many tiny chunks costs a request each.
     """
 
     max_raw_size: int
@@ -381,13 +379,3 @@ def _check_chunk_sizes(raw_size: int, chunk_size: int, chunks: tuple[ChunkRef, .
             reason = f"chunk {index}: {chunk.size} compressed bytes for {chunk.raw_size} raw is impossible"
             raise CheckpointError("bad-manifest", reason)
 
-
-# --- where a checkpoint store keeps things (here, not in checkpoint.py: no torch needed) ----------
-
-
-def chunk_path(directory: str | os.PathLike, chunk_hash: bytes) -> Path:
-    return Path(directory) / "chunks" / chunk_hash.hex()
-
-
-def manifest_path(directory: str | os.PathLike, checkpoint_id: bytes) -> Path:
-    return Path(directory) / "manifests" / f"{checkpoint_id.hex()}.msgpack"

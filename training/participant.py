@@ -1,7 +1,7 @@
 """One peer's share of a DiLoCo run: its inner worker, its codec, and the shared outer state.
 
 The round protocol (`locomesh.node.rounds.machine`) decides *when*; this module does the work, with
-no I/O besides checkpoint files:
+no I/O:
 
 - `train()`: H inner AdamW steps from θ_r on this peer's shard, the pseudo-gradient encoded
   (int8/4-bit, error feedback, zstd) into the payload it commits to;
@@ -17,11 +17,12 @@ no I/O besides checkpoint files:
 - `payload_limits(...)` / `state_limits(...)`: what a payload or a state of this run can be at
   most (from the model's size and the codec), so a peer refuses a commit, a manifest or a
   state's header that claims more before it fetches or allocates anything for it;
-- `save(directory, run)` / `load(...)`: the shared state as a checkpoint. The shared state is θ,
-  the outer momentum buffer and the previous aggregate (CenteredClip centres on it): everything
-  the next outer step reads, so two peers with the same checkpoint compute the same next round.
-  Its `state_hash` (SHA-256 of the raw tensors, independent of the zstd build) is what peers
-  vote on and a round certificate names.
+- `snapshot()` / `adopt(tensors, round)`: the shared state handed out and taken in, as tensors
+  (the node's store writes and reads them as checkpoints: `StateSnapshot.chunks`). The shared
+  state is θ, the outer momentum buffer and the previous aggregate (CenteredClip centres on it):
+  everything the next outer step reads, so two peers with the same checkpoint compute the same
+  next round. Its `state_hash` (SHA-256 of the raw tensors, independent of the zstd build) is
+  what peers vote on and a round certificate names.
 
 The inner AdamW state and the codec's error-feedback residual stay private to the peer; they
 change what it contributes, never what the outer step computes from the contributions.
@@ -32,22 +33,20 @@ from __future__ import annotations
 import copy
 import hashlib
 import math
-import os
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 import numpy as np
 
 from .attacks import AttackView, get_attack
-from .checkpoint import (
-    FAST_LEVEL, LimitError, Manifest, ManifestLimits, TensorSpec, checkpoint_limits, checkpoint_manifest, layout_raw_size,
-    load_checkpoint, manifest_path, read_manifest, state_digest, write_checkpoint,
-)
+from .checkpoint_manifest import Manifest, ManifestLimits, TensorSpec
 from .codec import Encoder, decode, max_payload_size, non_finite_payload
 from .flat import flatten, unflatten_into
 from .inner import InnerConfig, Worker
 from .outer import OuterResult, OuterStep
 from .run_settings import ParticipantError, RoundSettings, TrainingDiverged, check_run_settings
+from .state_chunks import FAST_LEVEL, StateChunks, checkpoint_limits, checkpoint_manifest, chunk_state, state_digest
+from .state_format import layout_raw_size
 from .tasks import Task
 
 STATE_TENSORS = ("theta", "momentum", "previous")
@@ -67,17 +66,18 @@ class Contribution:
 
 @dataclass(frozen=True)
 class StateSnapshot:
-    """A run state as of one round, for `save`."""
+    """A run state as of one round, to be stored (by the node) or attested."""
 
     tensors: Mapping[str, np.ndarray]
     round: int
 
-    def save(self, directory: str | os.PathLike, run: bytes) -> Manifest:
-        """Write it as the checkpoint of round `round` of run `run` (uncompressed chunks: see FAST_LEVEL)."""
-        return write_checkpoint(directory, self.tensors, self._metadata(run), level=FAST_LEVEL)
+    def chunks(self, run: bytes) -> StateChunks:
+        """The chunks of its checkpoint as the state of round `round` of run `run` (uncompressed:
+        see FAST_LEVEL), for a store to write."""
+        return chunk_state(self.tensors, self._metadata(run), level=FAST_LEVEL)
 
     def manifest(self, run: bytes) -> Manifest:
-        """The manifest `save` would write, without writing anything (to attest a state others store)."""
+        """The manifest of those chunks, without storing anything (to attest a state others store)."""
         return checkpoint_manifest(self.tensors, self._metadata(run), level=FAST_LEVEL)
 
     def _metadata(self, run: bytes) -> dict[str, Any]:
@@ -237,25 +237,15 @@ class Participant:
         replaces its arrays and never writes into them, so the snapshot cannot change."""
         return StateSnapshot(self.state_tensors(), self.round)
 
-    def save(self, directory: str | os.PathLike, run: bytes) -> Manifest:
-        """Write θ_r, momentum and previous aggregate as the checkpoint of round `self.round`."""
-        return self.snapshot().save(directory, run)
-
-    def load(self, directory: str | os.PathLike, checkpoint_id: bytes, run: bytes) -> Manifest:
-        """Adopt the shared state of a verified checkpoint of run `run`; `ParticipantError` if it does
-        not fit (refused before the state is allocated: see `state_limits`)."""
-        try:
-            tensors, metadata = load_checkpoint(directory, checkpoint_id, self.state_limits(run))
-        except LimitError as error:
-            what = "belongs to another run" if error.limit == "metadata" else "is not a state of this run's model"
-            raise ParticipantError(f"the checkpoint {what}: {error.reason}") from error
-        arrays = {name: tensor.numpy() for name, tensor in tensors.items()}
+    def adopt(self, tensors: Mapping[str, Any], round_number: int) -> None:
+        """Take `tensors` (θ, momentum and, after a round, the previous aggregate: a stored state
+        that kept `state_limits`) as the shared state after round `round_number`."""
+        arrays = {name: np.asarray(tensor) for name, tensor in tensors.items()}
         self.outer = OuterStep(
             arrays["theta"], self.settings.outer_config(),
             momentum_buffer=arrays["momentum"], previous_aggregate=arrays.get("previous"),
         )
-        self.round = metadata["round"]
-        return read_manifest(manifest_path(directory, checkpoint_id).read_bytes())
+        self.round = round_number
 
     def _decode_others(self, payloads: Mapping[bytes, bytes], authors: list[bytes]) -> list[np.ndarray]:
         """The Δs of the round's valid contributions other than ours (what an attack estimates from)."""

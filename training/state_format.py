@@ -13,23 +13,30 @@ code when read.
 
 Pure: tensors to bytes (`state_pieces`), bytes to tensors (`parse_header`,
 `views`), and the checks a header from a peer must pass, against the format's
-rules and against the layout a caller expects (`check_layout`). Chunks, files
-and manifests are `checkpoint`'s.
+rules and against the layout a caller expects (`check_layout`). Chunks and
+manifests are `state_chunks`' and `checkpoint_manifest`'s; files are the node's store's.
+
+Tensors are torch tensors or numpy arrays. torch is imported only where a tensor is made
+(`views`): the daemon imports this module through its store, and loads torch only once it
+trains (`node.debug` shows it).
 """
 
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass
-from typing import Any, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 import numpy as np
-import torch
 
 from locomesh.protocol import ProtocolError, pack, unpack
 from locomesh.protocol.schema import Int, List, OneOf, Str, Struct
 
 from .checkpoint_manifest import CheckpointError, LimitError, TensorSpec
+
+if TYPE_CHECKING:
+    import torch
 
 MAGIC = b"LMCK"
 ALIGN = 64
@@ -41,25 +48,23 @@ MAX_NDIM = 16
 
 @dataclass(frozen=True)
 class DType:
-    name: str
+    name: str  # as numpy and torch name it (`torch.<name>`), but for bfloat16, which numpy lacks
     numpy: np.dtype  # little-endian; bfloat16 travels as its 16 bits, uint16
-    torch: torch.dtype
 
 
 DTYPES = {
     d.name: d
     for d in (
-        DType("float32", np.dtype("<f4"), torch.float32),
-        DType("float16", np.dtype("<f2"), torch.float16),
-        DType("bfloat16", np.dtype("<u2"), torch.bfloat16),
-        DType("int64", np.dtype("<i8"), torch.int64),
-        DType("int32", np.dtype("<i4"), torch.int32),
-        DType("int8", np.dtype("i1"), torch.int8),
-        DType("uint8", np.dtype("u1"), torch.uint8),
-        DType("bool", np.dtype("?"), torch.bool),
+        DType("float32", np.dtype("<f4")),
+        DType("float16", np.dtype("<f2")),
+        DType("bfloat16", np.dtype("<u2")),
+        DType("int64", np.dtype("<i8")),
+        DType("int32", np.dtype("<i4")),
+        DType("int8", np.dtype("i1")),
+        DType("uint8", np.dtype("u1")),
+        DType("bool", np.dtype("?")),
     )
 }
-_BY_TORCH = {d.torch: d for d in DTYPES.values()}
 _BY_NUMPY = {d.numpy: d for d in DTYPES.values() if d.name != "bfloat16"}
 
 _HEADER_SCHEMA = Struct(
@@ -123,13 +128,13 @@ def _as_bytes_array(name: str, value: torch.Tensor | np.ndarray) -> tuple[DType,
     """(dtype, shape, the values as flat little-endian bytes), sharing memory where the layout allows."""
     if not isinstance(name, str) or not 1 <= len(name) <= 256:
         raise CheckpointError("bad-state", f"tensor name {name!r:.80} must be a string of 1 to 256 characters")
-    if isinstance(value, torch.Tensor):
-        dtype = _BY_TORCH.get(value.dtype)
+    if _is_torch_tensor(value):
+        dtype = DTYPES.get(str(value.dtype).removeprefix("torch."))
         if dtype is None:
             raise CheckpointError("bad-state", f"{name}: dtype {value.dtype} is not one a checkpoint can hold")
         flat = value.detach().cpu().contiguous()
         if dtype.name == "bfloat16":
-            flat = flat.view(torch.int16)
+            flat = flat.view(sys.modules["torch"].int16)  # torch is loaded: `value` is one of its tensors
         array = flat.numpy()
     elif isinstance(value, np.ndarray):
         dtype = _BY_NUMPY.get(value.dtype.newbyteorder("<") if value.dtype.byteorder == ">" else value.dtype)
@@ -141,6 +146,12 @@ def _as_bytes_array(name: str, value: torch.Tensor | np.ndarray) -> tuple[DType,
     shape = tuple(int(n) for n in array.shape)  # before ascontiguousarray, which makes a 0-d array 1-d
     array = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<"))
     return dtype, shape, array.reshape(-1).view(np.uint8)
+
+
+def _is_torch_tensor(value: Any) -> bool:
+    """Whether `value` is a torch tensor (none can exist while torch is not imported)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(value, torch.Tensor)
 
 
 def _layout(sizes: dict[str, tuple[DType, tuple[int, ...], int]]) -> list[Entry]:
@@ -179,6 +190,8 @@ def tensors_from_blob(blob: np.ndarray) -> dict[str, torch.Tensor]:
 
 def views(blob: np.ndarray, data_start: int, entries: list[Entry]) -> dict[str, torch.Tensor]:
     """The tensors of the blob whose (validated) header gave `data_start` and `entries`, as views into `blob`."""
+    import torch  # here, not at the top: see the module docstring
+
     tensors = {}
     for entry in entries:
         start = data_start + entry.offset

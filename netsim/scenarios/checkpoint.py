@@ -1,7 +1,7 @@
 """Scenario `checkpoint`: one seeder, many joiners, limited uplinks; and what k providers are worth.
 
 Every node runs the daemon's `CheckpointService` (serving and downloading
-real checkpoints: `locomesh.training.checkpoint` chunks, verified by hash,
+real checkpoints: `locomesh.node.transfer.store` chunks, verified by hash,
 installed atomically) and a `Discovery` it announces to, on a real host over
 the simulated network. Every node has the same access link: `uplink` bytes/s
 up (100 Mbit/s by default), `downlink` down (1 Gbit/s), so a provider's
@@ -287,7 +287,7 @@ class _Run:
 
 
 def _write(directory: Path, tensors: dict, chunk_size: int):  # noqa: ANN202 - a Manifest
-    from locomesh.training.checkpoint import write_checkpoint
+    from locomesh.node.transfer.store import write_checkpoint
 
     return write_checkpoint(directory, tensors, {"round": 1, "run": b""}, chunk_size=chunk_size)
 

@@ -31,7 +31,7 @@ import trio
 from locomesh.crdt import Replica
 from locomesh.crdt.ops import MAX_OP_WIRE
 from locomesh.protocol import ProtocolError
-from locomesh.protocol.files import fsync_dir
+from locomesh.node.files import fsync_dir
 from locomesh.protocol.runs import format_run_id
 
 logger = logging.getLogger(__name__)

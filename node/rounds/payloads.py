@@ -30,7 +30,8 @@ import trio
 from locomesh.crdt import Replica
 from locomesh.node.rounds.machine import RoundMachine
 from locomesh.node.runtime import Node
-from locomesh.node.transfer.download import REFUSED, DownloadError, DownloadProgress, Offload, checkpoint_store, download_checkpoint
+from locomesh.node.transfer.download import REFUSED, DownloadError, DownloadProgress, Offload, download_checkpoint
+from locomesh.node.transfer.store import load_checkpoint, write_checkpoint
 from locomesh.protocol import peer_id_from_public_key
 
 logger = logging.getLogger(__name__)
@@ -56,8 +57,7 @@ class PayloadExchange:
     def store(self, round_number: int, payload: bytes) -> Any:
         """Write our payload for `round_number` to the store (blocking: run it offloaded); its manifest."""
         tensors = {"payload": np.frombuffer(payload, dtype=np.uint8)}
-        return checkpoint_store().write_checkpoint(self.directory, tensors,
-                                                   {"round": round_number, "run": self.run_id, "kind": "payload"})
+        return write_checkpoint(self.directory, tensors, {"round": round_number, "run": self.run_id, "kind": "payload"})
 
     async def committed_before(self, round_number: int) -> Any:
         """The payload we committed to for this round before a restart, from our store: a second,
@@ -141,7 +141,7 @@ class PayloadExchange:
         """The payload `payload_id` of this run's round `round_number` from our store; None if it
         is not there whole, or is no such payload (or breaks the `limits` of one)."""
         try:
-            tensors, metadata = await self.offload(checkpoint_store().load_checkpoint, self.directory, payload_id, limits)
+            tensors, metadata = await self.offload(load_checkpoint, self.directory, payload_id, limits)
         except (OSError, ValueError):
             return None
         payload = tensors.get("payload")

@@ -22,10 +22,10 @@ import trio
 from locomesh.crdt import Replica
 from locomesh.node.rounds.orders import state_stewards
 from locomesh.node.runtime import Node
-from locomesh.node.transfer.download import DownloadError, DownloadProgress, Offload, checkpoint_store, download_checkpoint
+from locomesh.node.transfer.download import DownloadError, DownloadProgress, Offload, download_checkpoint
+from locomesh.node.transfer.store import load_state, read_stored_manifest, remove_checkpoints, write_state
 from locomesh.protocol import peer_id_from_public_key
 from locomesh.protocol.runs import short_run_id
-from locomesh.training.checkpoint_manifest import Manifest, manifest_path, read_manifest
 
 logger = logging.getLogger(__name__)
 
@@ -88,7 +88,7 @@ class StateKeeper:
         steward = self.me in self.stewards(round_number)
         try:
             if steward:
-                manifest = await self.offload(snapshot.save, self.directory, self.run_id)
+                manifest = await self.offload(write_state, self.directory, snapshot, self.run_id)
             else:
                 manifest = await self.offload(snapshot.manifest, self.run_id)
         except (OSError, ValueError) as error:  # a full disk, say: we keep training, others offer the state
@@ -115,7 +115,7 @@ class StateKeeper:
             await download_checkpoint(self.node, self.directory, checkpoint_id, self.providers(round_number),
                                       scores=self.scores, progress=DownloadProgress(checkpoint_id), offload=self.offload,
                                       limits=self.participant.state_limits(self.run_id, round_number))
-            manifest = await self.offload(_read_installed_manifest, self.directory, checkpoint_id)
+            manifest = await self.offload(read_stored_manifest, self.directory, checkpoint_id)
         except (DownloadError, OSError, ValueError) as error:
             logger.info("round %d: state download failed: %s", round_number, error)
             return False
@@ -124,7 +124,7 @@ class StateKeeper:
             return False
         async with self.compute_lock:
             try:
-                await self.compute(self.participant.load, self.directory, checkpoint_id, self.run_id)
+                await self.compute(load_state, self.directory, checkpoint_id, self.participant, self.run_id)
             except ValueError as error:
                 logger.warning("round %d: the certified state does not fit this run: %s", round_number, error)
                 return False
@@ -134,10 +134,6 @@ class StateKeeper:
         """Delete this run's payloads and states from before the last KEPT_ROUNDS rounds (a peer that
         syncs wants the newest certified state; older ones only fill the disk). Blocking."""
         oldest = round_number - KEPT_ROUNDS
-        checkpoint_store().remove_checkpoints(
+        remove_checkpoints(
             self.directory, lambda meta: meta.get("run") == self.run_id and meta.get("round", oldest) < oldest
         )
-
-
-def _read_installed_manifest(directory: Path, checkpoint_id: bytes) -> Manifest:
-    return read_manifest(manifest_path(directory, checkpoint_id).read_bytes(), expected_id=checkpoint_id)

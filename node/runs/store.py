@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from locomesh.protocol import Envelope, ProtocolError
-from locomesh.protocol.files import atomic_write
+from locomesh.node.files import atomic_write
 from locomesh.protocol.kinds import RUN_MANIFEST
 from locomesh.protocol.runs import format_run_id, load_manifest
 

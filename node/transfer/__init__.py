@@ -1,8 +1,10 @@
-"""Moving checkpoints between peers: serving, multi-source downloads, the sealed data plane.
+"""Checkpoints on disk and between peers: the store, serving, multi-source downloads, the sealed data plane.
 
 Modules, one job each:
 
 * `wire`: the request/answer protocol of `/locomesh/ckpt/1` (manifest and chunk requests);
+* `store`: the local checkpoint store, content-addressed chunks and manifests in files (what
+  a checkpoint is, and its bytes, is training's: `state_format`, `state_chunks`, `checkpoint_manifest`);
 * `service`: `CheckpointService`, which serves the local store and runs downloads for RPC;
 * `download`: one multi-source download, every chunk verified, size limits checked first;
 * `schedule`: which chunk to ask which provider for (sans-IO);

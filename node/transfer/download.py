@@ -24,12 +24,10 @@ elsewhere. A provider whose chunk fails its hash gets a strike in the node's
 
 from __future__ import annotations
 
-import importlib
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import trio
@@ -43,6 +41,7 @@ from locomesh.training.checkpoint_manifest import (
 
 from locomesh.node.transfer import wire as wire
 from locomesh.node.transfer.dataplane import SealedStream, open_sealed_stream
+from locomesh.node.transfer.store import install_manifest, missing_chunks, read_stored_manifest, store_chunk
 from locomesh.node.transfer.schedule import DownloadSchedule, Outcome
 from locomesh.node.peer_scores import PeerScores
 from locomesh.node.runtime import DialError, Node
@@ -50,7 +49,7 @@ from locomesh.node.streams import close_quietly, error_code, reset_quietly
 
 logger = logging.getLogger(__name__)
 
-REQUEST_TIMEOUT = 30.0  # per frame; generous, as a provider's first request may load its store module
+REQUEST_TIMEOUT = 30.0  # per frame; generous: a busy provider reads its chunks from disk in a thread
 BUSY_BACKOFF = 0.2
 MAX_WINDOW = 4
 TRANSPORTS = ("auto", "dataplane", "libp2p")
@@ -83,12 +82,6 @@ class CheckpointRefused(DownloadError):
 # What says that a checkpoint itself is not what the caller allows (its manifest when it arrives,
 # its header when it is loaded): fetching it again, from anyone, gives the same.
 REFUSED = (CheckpointRefused, LimitError)
-
-
-def checkpoint_store() -> ModuleType:
-    """`locomesh.training.checkpoint`, imported on first use: it pulls in torch, which a daemon
-    must not load at start-up (see `node.debug`), so callers run this in a thread."""
-    return importlib.import_module("locomesh.training.checkpoint")
 
 
 @dataclass
@@ -299,8 +292,7 @@ async def download_checkpoint(
     before any chunk is fetched, and its provider is struck.
     """
     progress.started_at = trio.current_time()
-    store = await offload(checkpoint_store)
-    local = await offload(_installed_manifest, store, directory, checkpoint_id)
+    local = await offload(_installed_manifest, directory, checkpoint_id)
     if local is not None:
         _check_limits(local, limits)
         progress.state, progress.chunks_total, progress.done_at = "done", len(local.chunks), trio.current_time()
@@ -312,13 +304,13 @@ async def download_checkpoint(
     }
     try:
         manifest = await _fetch_manifest(sessions, checkpoint_id, scores, limits)
-        missing = await offload(store.missing_chunks, directory, manifest)
+        missing = await offload(missing_chunks, directory, manifest)
         progress.state, progress.chunks_total = "chunks", len(manifest.chunks)
         progress.chunks_stored = len(manifest.chunks) - len(missing)
         wanted = {index: manifest.chunks[index].size for index in missing}
         schedule = DownloadSchedule(wanted, list(sessions), max_window=max_window)
-        await _ChunkFetcher(store, directory, manifest, schedule, sessions, scores, progress, offload).run()
-        await offload(_install, store, directory, manifest)
+        await _ChunkFetcher(directory, manifest, schedule, sessions, scores, progress, offload).run()
+        await offload(_install, directory, manifest)
         progress.state, progress.done_at = "done", trio.current_time()
         return manifest
     finally:
@@ -365,33 +357,31 @@ def _check_limits(manifest: Manifest, limits: ManifestLimits | None) -> None:
         raise CheckpointRefused(manifest.id, error) from None
 
 
-def _installed_manifest(store: ModuleType, directory: Path, checkpoint_id: bytes) -> Manifest | None:
+def _installed_manifest(directory: Path, checkpoint_id: bytes) -> Manifest | None:
     """The manifest of `checkpoint_id` if it is installed here with all its chunks, else None."""
     try:
-        manifest = read_manifest(store.manifest_path(directory, checkpoint_id).read_bytes(), expected_id=checkpoint_id)
-    except (OSError, CheckpointError):
+        manifest = read_stored_manifest(directory, checkpoint_id)
+    except CheckpointError:
         return None
-    return None if store.missing_chunks(directory, manifest) else manifest
+    return None if missing_chunks(directory, manifest) else manifest
 
 
-def _install(store: ModuleType, directory: Path, manifest: Manifest) -> None:
+def _install(directory: Path, manifest: Manifest) -> None:
     """Make the checkpoint loadable: every chunk is there, then the manifest is written (atomically)."""
-    still_missing = store.missing_chunks(directory, manifest)
+    still_missing = missing_chunks(directory, manifest)
     if still_missing:
         raise DownloadError(f"chunks {still_missing[:8]} vanished from the store before install")
-    from locomesh.protocol.files import atomic_write
-
-    atomic_write(store.manifest_path(directory, manifest.id), manifest.encode())
+    install_manifest(directory, manifest)
 
 
 class _ChunkFetcher:
     """The workers of one download, and the event that wakes them when the schedule changes."""
 
     def __init__(
-        self, store: ModuleType, directory: Path, manifest: Manifest, schedule: DownloadSchedule,
+        self, directory: Path, manifest: Manifest, schedule: DownloadSchedule,
         sessions: dict[str, ProviderSession], scores: PeerScores, progress: DownloadProgress, offload: Offload,
     ) -> None:
-        self.store, self.directory, self.manifest, self.schedule = store, directory, manifest, schedule
+        self.directory, self.manifest, self.schedule = directory, manifest, schedule
         self.sessions, self.scores, self.progress, self.offload = sessions, scores, progress, offload
         self._changed = trio.Event()
         self._requests: dict[tuple[str, int], trio.CancelScope] = {}  # (provider, chunk) -> its request
@@ -472,7 +462,7 @@ class _ChunkFetcher:
         if reply.status != wire.OK:
             return Outcome.BUSY if reply.status == wire.BUSY else Outcome.NOT_FOUND
         try:
-            await self.offload(self.store.store_chunk, self.directory, self.manifest, index, reply.payload)
+            await self.offload(store_chunk, self.directory, self.manifest, index, reply.payload)
         except CheckpointError as error:
             return self._bad(peer, index, error.reason)
         self.progress.chunks_fetched += 1

@@ -4,7 +4,7 @@ Serving (`/locomesh/ckpt/1`, see `wire`): a stream carries any
 number of requests. At most `max_uploads` requests are served at once across
 all streams; one more gets a ``busy`` answer at once (backpressure the asker
 understands) instead of queueing unboundedly. The store is the data dir's
-``checkpoints/`` (the layout of `locomesh.training.checkpoint`); only a
+``checkpoints/`` (`locomesh.node.transfer.store`); only a
 checkpoint whose manifest is installed is served, so a half-downloaded one is
 not offered.
 
@@ -42,13 +42,14 @@ from libp2p.peer.id import ID
 
 from locomesh.dht import records
 from locomesh.dht.discovery import Discovery, DiscoveryError
-from locomesh.training.checkpoint_manifest import CheckpointError, Manifest, chunk_path, manifest_path, read_manifest
+from locomesh.training.checkpoint_manifest import CheckpointError, Manifest
 
 from locomesh.node.transfer import wire as wire
 from locomesh.node.transfer.download import (
     MAX_WINDOW, TRANSPORTS, DownloadError, DownloadProgress, Offload, download_checkpoint, parse_provider,
 )
 from locomesh.node.transfer.dataplane import DataPlaneServer
+from locomesh.node.transfer.store import checkpoint_ids, read_stored_chunk, read_stored_manifest
 from locomesh.node.peer_scores import PeerScores
 from locomesh.node.rpc.dispatch import RpcError
 from locomesh.node.runtime import Node
@@ -152,25 +153,20 @@ class CheckpointService:
         """The bytes a request asks for from the local store, or None if it is not here (runs in a thread)."""
         try:
             manifest = self._manifest(request.checkpoint_id)
-        except (OSError, CheckpointError):
+            if request.index is None:
+                return manifest.encode()
+            if request.index >= len(manifest.chunks):
+                return None
+            data = read_stored_chunk(self.directory, manifest, request.index)
+        except CheckpointError:
             return None
-        if request.index is None:
-            return manifest.encode()
-        if request.index >= len(manifest.chunks):
-            return None
-        ref = manifest.chunks[request.index]
-        try:
-            data = chunk_path(self.directory, ref.hash).read_bytes()
-        except OSError:
-            return None
-        return data if len(data) == ref.size else None
+        return data if len(data) == manifest.chunks[request.index].size else None
 
     def _manifest(self, checkpoint_id: bytes) -> Manifest:
         """An installed manifest, parsed once and kept in a small cache (parsing recomputes its Merkle root)."""
         manifest = self._manifests.get(checkpoint_id)
         if manifest is None:
-            data = manifest_path(self.directory, checkpoint_id).read_bytes()
-            manifest = read_manifest(data, expected_id=checkpoint_id)
+            manifest = read_stored_manifest(self.directory, checkpoint_id)
             self._manifests[checkpoint_id] = manifest
             while len(self._manifests) > _MANIFEST_CACHE:
                 self._manifests.popitem(last=False)
@@ -319,10 +315,10 @@ class CheckpointService:
 
     def _list(self) -> list[dict[str, Any]]:
         listed = []
-        for path in sorted((self.directory / "manifests").glob("*.msgpack")):
+        for checkpoint_id in checkpoint_ids(self.directory):
             try:
-                manifest = self._manifest(bytes.fromhex(path.name.removesuffix(".msgpack")))
-            except (ValueError, OSError, CheckpointError):
+                manifest = self._manifest(checkpoint_id)
+            except CheckpointError:
                 continue  # not a manifest of ours (or damaged): not listed, not served
             listed.append({"id": manifest.id.hex(), "round": manifest.round, "run": manifest.run.hex(),
                            "chunks": len(manifest.chunks), "raw_size": manifest.raw_size})

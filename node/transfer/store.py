@@ -1,9 +1,9 @@
-"""Checkpoints on disk: named tensors as raw bytes behind a msgpack header, in hashed chunks.
+"""The node's checkpoint store: checkpoints on disk as content-addressed chunks and manifests.
 
-The serialized state (the "blob", see `state_format`: tensors as raw bytes
-behind a msgpack header, no pickle) is cut into chunks and named by a manifest
-(`checkpoint_manifest`).
-On disk, under a checkpoint directory:
+What a checkpoint is (a serialized state cut into compressed, hashed chunks, named by a manifest
+whose hash is the checkpoint ID) is training's, and pure: `locomesh.training.state_format`,
+`state_chunks` and `checkpoint_manifest`. This module keeps them in files, under a checkpoint
+directory (the data dir's ``checkpoints/``):
 
     chunks/<sha256 of the compressed chunk, hex>
     manifests/<checkpoint ID, hex>.msgpack
@@ -18,6 +18,9 @@ it, plus one chunk at a time. A state from a peer is loaded with the caller's
 `ManifestLimits`: its manifest is checked against them first, then its header
 (read from the first chunks alone) against the layout they name, and only then
 is the buffer allocated, so a manifest's claimed size never allocates anything.
+
+Every function blocks on the disk (and hashes): the daemon runs them in a worker thread
+(its `Offload`). Importing this module loads no torch: only loading a state makes tensors.
 """
 
 from __future__ import annotations
@@ -26,33 +29,46 @@ import hashlib
 import itertools
 import os
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
-import torch
 
-from locomesh.protocol import ProtocolError, compress, decompress
-from locomesh.protocol.files import atomic_write
-
-from .checkpoint_manifest import (
-    chunk_path, manifest_path, DEFAULT_CHUNK_SIZE, HASH_SIZE, MAX_CHUNK_SIZE, MIN_CHUNK_SIZE, CheckpointError, ChunkRef,
-    LimitError, Manifest, ManifestLimits, TensorSpec, merkle_proof, merkle_root, read_manifest, split_metadata, verify_chunk,
-    verify_merkle_proof,
+from locomesh.node.files import atomic_write
+from locomesh.training.checkpoint_manifest import (
+    DEFAULT_CHUNK_SIZE, HASH_SIZE, CheckpointError, Manifest, ManifestLimits, read_manifest, verify_chunk,
 )
-from .state_format import MAGIC, MAX_HEADER_SIZE, PREFIX_SIZE, check_layout, layout_raw_size, parse_header, state_pieces, views
+from locomesh.training.state_chunks import COMPRESSION_LEVEL, StateChunks, Tensors, chunk_state, decode_chunk
+from locomesh.training.state_format import MAGIC, MAX_HEADER_SIZE, PREFIX_SIZE, check_layout, parse_header, views
 
-__all__ = [
-    "DEFAULT_CHUNK_SIZE", "CheckpointError", "ChunkRef", "LimitError", "Manifest", "ManifestLimits", "TensorSpec",
-    "checkpoint_limits", "checkpoint_manifest", "chunk_path", "decode_chunk", "layout_raw_size", "load_checkpoint",
-    "manifest_path", "merkle_proof", "merkle_root", "missing_chunks", "read_manifest", "remove_checkpoints",
-    "state_digest", "store_chunk", "verify_chunk", "verify_merkle_proof", "write_checkpoint",
-]
+if TYPE_CHECKING:  # both load torch, which a daemon must not do before it trains (`node.debug`)
+    import torch
 
-COMPRESSION_LEVEL = 1  # float weights: level 3 saves no more bytes than 1 (about 7%) at under half the speed
-# A negative level stores float weights as raw zstd blocks (ratio 1.0) at about 5 GB/s against level
-# 1's 0.92 at 0.76 GB/s: the choice for a run state written every round, where the 8% would cost
-# every peer ~0.4 CPU-s per round of 25M parameters and saves bytes only for the rare syncing peer.
-FAST_LEVEL = -1
+    from locomesh.training.participant import StateSnapshot
+
+
+# --- where things are ---------------------------------------------------------------------------
+
+
+def chunk_path(directory: str | os.PathLike, chunk_hash: bytes) -> Path:
+    return Path(directory) / "chunks" / chunk_hash.hex()
+
+
+def manifest_path(directory: str | os.PathLike, checkpoint_id: bytes) -> Path:
+    return Path(directory) / "manifests" / f"{checkpoint_id.hex()}.msgpack"
+
+
+def checkpoint_ids(directory: str | os.PathLike) -> list[bytes]:
+    """The IDs of the manifests filed under `directory`, in order (a file whose name is no ID is skipped)."""
+    ids = []
+    folder = Path(directory) / "manifests"
+    for path in sorted(folder.glob("*.msgpack")) if folder.is_dir() else []:
+        try:
+            checkpoint_id = bytes.fromhex(path.name.removesuffix(".msgpack"))
+        except ValueError:
+            continue
+        if len(checkpoint_id) == HASH_SIZE:
+            ids.append(checkpoint_id)
+    return ids
 
 
 # --- writing ------------------------------------------------------------------------------------
@@ -60,7 +76,7 @@ FAST_LEVEL = -1
 
 def write_checkpoint(
     directory: str | os.PathLike,
-    tensors: Mapping[str, torch.Tensor | np.ndarray],
+    tensors: Tensors,
     metadata: dict[str, Any],
     *,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
@@ -77,101 +93,22 @@ def write_checkpoint(
     the chunks (`FAST_LEVEL` for a state written every round: same format, no
     compression work).
     """
-    return _store_state(directory, state_pieces(tensors), metadata, chunk_size, level)
+    return write_chunks(directory, chunk_state(tensors, metadata, chunk_size=chunk_size, level=level))
 
 
-def checkpoint_manifest(
-    tensors: Mapping[str, torch.Tensor | np.ndarray],
-    metadata: dict[str, Any],
-    *,
-    chunk_size: int = DEFAULT_CHUNK_SIZE,
-    level: int = COMPRESSION_LEVEL,
-) -> Manifest:
-    """The manifest (so the checkpoint ID) that `write_checkpoint` would give these arguments,
-    computed without writing anything: a peer can attest a state that others store."""
-    return _store_state(None, state_pieces(tensors), metadata, chunk_size, level)
-
-
-def state_digest(tensors: Mapping[str, torch.Tensor | np.ndarray]) -> bytes:
-    """The `state_hash` that `write_checkpoint` gives these tensors, computed without writing
-    anything: a peer can vote for a state before (or without) storing it."""
-    digest = hashlib.sha256()
-    for piece in state_pieces(tensors):
-        digest.update(piece)
-    return digest.digest()
-
-
-def checkpoint_limits(
-    tensors: Mapping[str, TensorSpec], metadata: Mapping[str, Any], *, chunk_size: int = DEFAULT_CHUNK_SIZE
-) -> ManifestLimits:
-    """The limits of a checkpoint that holds exactly `tensors` (the ones not `required` may be
-    absent) and whose metadata holds `metadata`, written in chunks of `chunk_size`: its raw size is
-    at most that of the state with every tensor."""
-    return ManifestLimits(
-        max_raw_size=layout_raw_size(tensors), max_chunk_size=chunk_size, metadata=metadata, tensors=tensors,
-    )
-
-
-def _store_state(
-    directory: str | os.PathLike | None, pieces: Iterable[bytes | memoryview], metadata: dict[str, Any],
-    chunk_size: int, level: int = COMPRESSION_LEVEL,
-) -> Manifest:
-    """Chunk, compress and store a serialized state given piece by piece, then its manifest
-    (with no `directory`, only build the manifest)."""
-    if not MIN_CHUNK_SIZE <= chunk_size <= MAX_CHUNK_SIZE:
-        raise CheckpointError("bad-state", f"chunk size {chunk_size} is outside [{MIN_CHUNK_SIZE}, {MAX_CHUNK_SIZE}]")
-    round_, run, rest = split_metadata(metadata)
-    writer = _ChunkWriter(None if directory is None else Path(directory), chunk_size, level)
-    for piece in pieces:
-        writer.feed(piece)
-    chunks, raw_size, state_hash = writer.finish()
-    manifest = Manifest.build(
-        raw_size=raw_size, chunk_size=chunk_size, chunks=chunks, round=round_, run=run, metadata=rest,
-        state_hash=state_hash,
-    )
-    if directory is not None:
-        atomic_write(manifest_path(directory, manifest.id), manifest.encode())
+def write_chunks(directory: str | os.PathLike, chunks: StateChunks) -> Manifest:
+    """Store every chunk of `chunks` as it is made, then its manifest; return the manifest."""
+    for ref, frame in chunks:
+        _store_frame(chunk_path(directory, ref.hash), frame, ref.hash)
+    manifest = chunks.manifest()
+    install_manifest(directory, manifest)
     return manifest
 
 
-class _ChunkWriter:
-    """Cuts a stream of bytes into chunks; compresses, hashes and stores each one as it fills
-    (stores nothing when it has no directory: the chunk references are all it makes then)."""
-
-    def __init__(self, directory: Path | None, chunk_size: int, level: int) -> None:
-        self.directory = directory
-        self.level = level
-        self.buffer = bytearray(chunk_size)
-        self.filled = 0
-        self.chunks: list[ChunkRef] = []
-        self.raw_size = 0
-        self.state = hashlib.sha256()
-
-    def feed(self, piece: memoryview | bytes) -> None:
-        piece = memoryview(piece).cast("B")
-        while piece:
-            take = min(len(piece), len(self.buffer) - self.filled)
-            self.buffer[self.filled : self.filled + take] = piece[:take]
-            self.filled += take
-            piece = piece[take:]
-            if self.filled == len(self.buffer):
-                self._flush()
-
-    def finish(self) -> tuple[list[ChunkRef], int, bytes]:
-        if self.filled:
-            self._flush()
-        return self.chunks, self.raw_size, self.state.digest()
-
-    def _flush(self) -> None:
-        raw = memoryview(self.buffer)[: self.filled]
-        self.state.update(raw)
-        frame = compress(raw, level=self.level)
-        digest = hashlib.sha256(frame).digest()
-        if self.directory is not None:
-            _store_frame(chunk_path(self.directory, digest), frame, digest)
-        self.chunks.append(ChunkRef(digest, len(frame), self.filled))
-        self.raw_size += self.filled
-        self.filled = 0
+def install_manifest(directory: str | os.PathLike, manifest: Manifest) -> None:
+    """Write `manifest` (atomically): from then on its checkpoint can be loaded and is served, so
+    every chunk it names must be stored already."""
+    atomic_write(manifest_path(directory, manifest.id), manifest.encode())
 
 
 def _store_frame(path: Path, frame: bytes, digest: bytes) -> None:
@@ -184,20 +121,7 @@ def _store_frame(path: Path, frame: bytes, digest: bytes) -> None:
     atomic_write(path, frame)
 
 
-# --- chunks from the network ---------------------------------------------------------------------
-
-
-def decode_chunk(manifest: Manifest, index: int, data: bytes) -> bytes:
-    """Verify chunk `index` (`verify_chunk`), then inflate it to exactly its raw size, or raise `CheckpointError`."""
-    verify_chunk(manifest, index, data)
-    expected = manifest.chunks[index].raw_size
-    try:
-        raw = decompress(data, max_output=expected)
-    except ProtocolError as exc:
-        raise CheckpointError("bad-chunk", f"chunk {index} ({manifest.chunks[index].hash.hex()}): {exc.reason}") from None
-    if len(raw) != expected:
-        raise CheckpointError("bad-chunk", f"chunk {index} inflates to {len(raw)} bytes, expected {expected}")
-    return raw
+# --- chunks from the network ------------------------------------------------------------------
 
 
 def store_chunk(directory: str | os.PathLike, manifest: Manifest, index: int, data: bytes) -> None:
@@ -230,20 +154,19 @@ def remove_checkpoints(directory: str | os.PathLike, doomed: Callable[[dict[str,
     manifest that cannot be read is left alone (and its chunks kept): deleting what we cannot
     understand could lose a user's only copy.
     """
-    folder = Path(directory) / "manifests"
     kept_chunks: set[bytes] = set()
     doomed_chunks: set[bytes] = set()
     removed = 0
-    for path in sorted(folder.glob("*.msgpack")) if folder.is_dir() else []:
+    for checkpoint_id in checkpoint_ids(directory):
         try:
-            manifest = read_manifest(path.read_bytes())
-        except (OSError, CheckpointError):
+            manifest = read_stored_manifest(directory, checkpoint_id)
+        except CheckpointError:
             continue
         hashes = {ref.hash for ref in manifest.chunks}
         if not doomed(manifest.full_metadata):
             kept_chunks |= hashes
             continue
-        path.unlink(missing_ok=True)
+        manifest_path(directory, checkpoint_id).unlink(missing_ok=True)
         doomed_chunks |= hashes
         removed += 1
     for chunk_hash in doomed_chunks - kept_chunks:
@@ -268,7 +191,15 @@ def load_checkpoint(
     tensors, views into one buffer; `metadata` holds ``round`` and ``run`` with
     the writer's other entries.
     """
-    manifest = _read_manifest_file(directory, _parse_id(checkpoint_id))
+    tensors, manifest = _load(directory, checkpoint_id, limits)
+    return tensors, manifest.full_metadata
+
+
+def _load(
+    directory: str | os.PathLike, checkpoint_id: bytes | str, limits: ManifestLimits | None
+) -> tuple[dict[str, torch.Tensor], Manifest]:
+    """`load_checkpoint`, with the manifest instead of its metadata."""
+    manifest = read_stored_manifest(directory, _parse_id(checkpoint_id))
     if limits is not None:
         limits.check(manifest)
     reader = _StateReader(directory, manifest)
@@ -276,7 +207,7 @@ def load_checkpoint(
     if limits is not None and limits.tensors is not None:
         check_layout(entries, limits.tensors)
     blob = reader.read_all()
-    return views(blob, data_start, entries), manifest.full_metadata
+    return views(blob, data_start, entries), manifest
 
 
 class _StateReader:
@@ -290,7 +221,7 @@ class _StateReader:
 
     def _inflate_next(self) -> bytes:
         index, self.next = self.next, self.next + 1
-        return decode_chunk(self.manifest, index, _read_chunk_file(self.directory, self.manifest, index))
+        return decode_chunk(self.manifest, index, read_stored_chunk(self.directory, self.manifest, index))
 
     def read_head(self) -> bytes:
         """The state's first bytes, up to the end of its header as its prefix states it (never past
@@ -331,7 +262,9 @@ def _parse_id(checkpoint_id: bytes | str) -> bytes:
     return checkpoint_id
 
 
-def _read_manifest_file(directory: str | os.PathLike, checkpoint_id: bytes) -> Manifest:
+def read_stored_manifest(directory: str | os.PathLike, checkpoint_id: bytes) -> Manifest:
+    """The manifest filed under `checkpoint_id`, validated and hashing to it; else `CheckpointError`
+    (``missing-manifest`` when it cannot be read)."""
     path = manifest_path(directory, checkpoint_id)
     try:
         data = path.read_bytes()
@@ -340,7 +273,9 @@ def _read_manifest_file(directory: str | os.PathLike, checkpoint_id: bytes) -> M
     return read_manifest(data, expected_id=checkpoint_id)
 
 
-def _read_chunk_file(directory: str | os.PathLike, manifest: Manifest, index: int) -> bytes:
+def read_stored_chunk(directory: str | os.PathLike, manifest: Manifest, index: int) -> bytes:
+    """The stored bytes of chunk `index` of `manifest`, unverified, and never more than one byte
+    past its size; `CheckpointError` (``missing-chunk``) when it cannot be read."""
     ref = manifest.chunks[index]
     path = chunk_path(directory, ref.hash)
     try:
@@ -351,3 +286,22 @@ def _read_chunk_file(directory: str | os.PathLike, manifest: Manifest, index: in
         raise CheckpointError("missing-chunk", reason) from None
 
 
+
+
+# --- run states ---------------------------------------------------------------------------------
+
+
+def write_state(directory: str | os.PathLike, snapshot: StateSnapshot, run: bytes) -> Manifest:
+    """Store a run state as the checkpoint of its round of run `run` (`StateSnapshot.chunks`: the
+    checkpoint whose manifest `snapshot.manifest(run)` is)."""
+    return write_chunks(directory, snapshot.chunks(run))
+
+
+def load_state(directory: str | os.PathLike, checkpoint_id: bytes, participant: Any, run: bytes) -> Manifest:
+    """Have `participant` (a `Participant`, or anything with its `state_limits` and `adopt`) adopt
+    the state stored as checkpoint `checkpoint_id` of run `run`; its manifest. A checkpoint that
+    is not a state of this run's model raises `LimitError` (its `limit` says why) before the state
+    is allocated, and nothing is adopted."""
+    tensors, manifest = _load(directory, checkpoint_id, participant.state_limits(run))
+    participant.adopt(tensors, manifest.round)
+    return manifest
