@@ -44,7 +44,6 @@ from pathlib import Path
 
 import trio
 
-from locomesh.node.transfer.download import run_inline
 from locomesh.node.transfer.service import CheckpointService
 from locomesh.node.replication.service import CrdtService
 from locomesh.node.rounds.service import RoundService
@@ -55,6 +54,7 @@ from locomesh.protocol.runs import load_manifest, sign_manifest
 from .. import clock
 from ..links import Capacity, LinkProfile
 from ..node import SimNode
+from ..offload import run_inline
 from ..report import percentile, table
 from .. import adversaries
 from ..adversaries import WithholdingCheckpointService
