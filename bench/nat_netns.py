@@ -4,7 +4,7 @@
 
 Per NAT kind (``cone``: masquerade that keeps ports, so a hole punch can
 work; ``symmetric``: ``fully-random`` ports, so it cannot), each trial
-builds the lab of `locomesh.node.nat.netns_lab` (a public relay, two hosts
+builds the lab of `tests/netns_lab.py` (a public relay, two hosts
 each behind its own NAT), waits until both hosts know they are private, hold
 a relay reservation and have published it in the DHT, then has host2 connect
 to host1 by peer ID (DHT lookup, then direct dials and, 2 s later, relayed
@@ -29,10 +29,11 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # the repository root: the lab is test plumbing (tests/)
 
 from _report import machine, report  # noqa: E402
 
-from locomesh.node.nat.netns_lab import (  # noqa: E402
+from tests.netns_lab import (  # noqa: E402
     LabTimeout,
     NatLab,
     RpcFailed,

@@ -17,7 +17,8 @@ Modules, from the bottom up:
   deterministic scheduling); `libp2p_time` points py-libp2p's clock reads
   at virtual time, `libp2p_chores` spaces out its periodic pings; `clock`
   is the clock locomesh code reads; `collector` keeps garbage collection
-  from walking a large run's heap over and over.
+  from walking a large run's heap over and over; `offload`: `run_inline`, how
+  a simulated node runs its blocking store work (inline, not in a thread).
 * `faults`: timed actions, churn, slow nodes.
 * `pex`, `flood`: the small protocols the scenarios use (peer exchange off
   bootstrap nodes; flooding broadcast); `wire`: their frame checks.

@@ -1,8 +1,7 @@
 """A participant whose training costs modelled time instead of CPU, for the `train` scenario.
 
-`SimParticipant` has the public surface of `locomesh.training.participant.Participant` that the
-round protocol uses (`train`, `delayed_start`, `aggregate`, `snapshot`, `adopt`, `evaluation_due`, `evaluate`,
-`payload_limits`, `state_limits`, `round`, `outer.numel`, `settings.inner_steps`, `settings.delayed_updates`), so the daemon's real
+`SimParticipant` implements `locomesh.training.contract.RoundParticipant`, what the round protocol
+needs from a participant (as `locomesh.training.participant.Participant` does), so the daemon's real
 `RoundService` and `RunParticipation` drive it unchanged. What differs:
 
 - `train` does no arithmetic: it returns a payload of `payload_bytes` bytes drawn from a
@@ -23,8 +22,9 @@ participant (`byzantine=True`) sends bytes of the right length that start with a
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import numpy as np
 import trio
@@ -59,7 +59,8 @@ class _Outer:
 
 
 class SimParticipant:
-    """θ as opaque state bytes; training and aggregation cost modelled time. Not thread-safe."""
+    """θ as opaque state bytes; training and aggregation cost modelled time. Not thread-safe.
+    A `RoundParticipant` (`locomesh.training.contract`)."""
 
     def __init__(self, genesis_body: dict[str, Any], key: bytes, cost: SimCost, *, byzantine: bool = False) -> None:
         hparams = genesis_body["hparams"]
@@ -96,7 +97,7 @@ class SimParticipant:
         """There are no parameters to start from: `train` ignores its `start`."""
         return None
 
-    def aggregate(self, payloads: dict[bytes, bytes]) -> None:
+    def aggregate(self, payloads: Mapping[bytes, bytes]) -> None:
         """The next state from the hashes of the valid payloads; ValueError if none is valid
         (as the real participant's EmptyRoundError: nothing to apply)."""
         self.pending_seconds = self.cost.aggregate_seconds

@@ -33,17 +33,12 @@ from multiaddr import Multiaddr
 from locomesh.protocol import Identity
 from locomesh.node.files import remove_stray_temporaries
 
-from locomesh.node.transfer.service import CheckpointService
+from locomesh.node.assembly import node_services
 from locomesh.node.config import NodeConfig
-from locomesh.node.replication.service import CrdtService
 from locomesh.node.datadir import DataDir, RpcInfo, load_or_create_identity
 from locomesh.node.host import addresses_in_use
-from locomesh.node.nat.services import nat_services
-from locomesh.node.ping import PingService
 from locomesh.node.rpc.dispatch import RpcDispatcher
-from locomesh.node.rounds.service import RoundService
 from locomesh.node.rpc.server import RpcServer
-from locomesh.node.runs.registry import RunRegistryService
 from locomesh.node.runtime import AddressInUse, Node
 from locomesh.node.service import Service
 from locomesh.node.streams import sole_exception
@@ -57,17 +52,8 @@ ServiceFactory = Callable[[NodeConfig], Sequence[Service]]
 
 
 def default_services(config: NodeConfig) -> list[Service]:
-    """The services every daemon runs."""
-    registry = RunRegistryService(config.data_dir)
-    crdt = CrdtService(config.data_dir)
-    checkpoints = CheckpointService(config.data_dir / "checkpoints", discovery=lambda: registry.discovery)
-    nat = nat_services(
-        relay=config.relay,
-        nat_traversal=config.nat_traversal,
-        port_mapping=config.port_mapping,
-        discovery=lambda: registry.discovery,
-    )
-    return [PingService(), *nat, registry, crdt, checkpoints, RoundService(registry, crdt, checkpoints, attack=config.attack)]
+    """The services every daemon runs, in start order (`locomesh.node.assembly`, nothing injected)."""
+    return node_services(config).in_start_order()
 
 
 def run_daemon(config: NodeConfig, *, services: ServiceFactory = default_services) -> int:

@@ -27,7 +27,7 @@ from locomesh.cli.swarm_cmd import create_run, join, join_all, start_swarm, wait
 from locomesh.crdt import Replica, encode_op, op_id
 from locomesh.node.replication.service import CrdtService
 from locomesh.node.rounds import machine as rm
-from locomesh.node.transfer.download import run_inline
+from locomesh.netsim.offload import run_inline
 from locomesh.node.datadir import IDENTITY_FILE, load_identity
 from locomesh.node.replication.op_log import OpLog, load_into
 from locomesh.node.rounds.participation import RunParticipation

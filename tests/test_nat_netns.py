@@ -10,7 +10,7 @@ its port and the dial-back check proves the mapped address. The tests skip
 only where the lab cannot be built (not root, namespaces refused, `ip` or
 `nft` missing), and say so.
 
-The lab is `locomesh.node.nat.netns_lab.NatLab` (a relay host on the "internet", two hosts each
+The lab is `tests/netns_lab.py`'s `NatLab` (a relay host on the "internet", two hosts each
 behind its own nftables masquerade).
 """
 
@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 from locomesh.cli.daemon_process import DaemonProcess
-from locomesh.node.nat.netns_lab import (
+from .netns_lab import (
     LabUnavailable,
     NatLab,
     missing_tools,
@@ -180,7 +180,7 @@ def test_a_node_behind_a_nat_pmp_router_maps_its_port_and_becomes_public(lab_fac
     import subprocess
     import sys
 
-    from locomesh.node.nat.netns_lab import HOST_IPS, NAT_PUBLIC_IPS, PORT
+    from .netns_lab import HOST_IPS, NAT_PUBLIC_IPS, PORT
 
     lab, start = lab_factory(symmetric=False)
     gateway = subprocess.Popen(

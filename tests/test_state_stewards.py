@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from locomesh.node.rounds import machine as rm
-from locomesh.node.transfer.download import run_inline
+from locomesh.netsim.offload import run_inline
 from locomesh.node.rounds.participation import RunParticipation
 from locomesh.protocol import peer_id_from_public_key
 from locomesh.node.transfer.store import manifest_path

@@ -11,7 +11,7 @@ The checkpoint data plane (`node/transfer/dataplane.py`, a raw TCP side channel)
 not exist in the simulator, which carries libp2p connections only; the
 service runs with ``dataplane=False`` and every chunk travels on a libp2p
 (Yamux) stream. Store work (hashing, file writes) runs inline
-(`transfer.download.run_inline`): in a worker thread its real duration
+(`netsim.offload.run_inline`): in a worker thread its real duration
 would let virtual time run ahead and the same seed would not give the same
 run. Files go to a temporary directory, removed afterwards.
 
@@ -47,12 +47,13 @@ import torch
 import trio
 
 from locomesh.dht.discovery import Discovery
-from locomesh.node.transfer.download import DownloadProgress, run_inline
+from locomesh.node.transfer.download import DownloadProgress
 from locomesh.node.transfer.service import CheckpointService
 
 from .. import clock
 from ..links import Capacity, LinkProfile
 from ..node import SimNode
+from ..offload import run_inline
 from ..report import percentile, table
 from ..simulation import Simulation, run_simulation
 

@@ -1,11 +1,14 @@
 """Scenario `train`: N nodes train one run together with the daemon's real round protocol.
 
-Every node runs the services a daemon runs for training, on a real host over the simulated
-network: `RunRegistryService` (its DHT), `CrdtService` (the run's replicated state, GossipSub),
+Every node runs the services a daemon runs for training, built by the daemon's own assembly
+(`locomesh.node.assembly.node_services`), on a real host over the simulated network:
+`RunRegistryService` (its DHT), `CrdtService` (the run's replicated state, GossipSub),
 `CheckpointService` (payloads and states travel as content-addressed checkpoints, on libp2p
-streams: ``dataplane=False``) and `RoundService`, whose participant is a `SimParticipant`
+streams: no data plane) and `RoundService`, whose participant is a `SimParticipant`
 (`netsim/sim_participant.py`): training costs `inner_steps x step_seconds` of *virtual* time
-instead of CPU, and a payload is `payload_bytes` of seeded bytes. Everything else (commits,
+instead of CPU, and a payload is `payload_bytes` of seeded bytes. Store work runs inline
+(`netsim/offload.py`); ping and the NAT-traversal services are left out (the `nat` scenario
+covers them). Everything else (commits,
 the cutoff and proposals, fetching every payload, aggregation of the same set, votes,
 certificates, syncs) is the code the daemon runs.
 
@@ -38,23 +41,25 @@ from __future__ import annotations
 
 import tempfile
 from collections import Counter
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import trio
 
-from locomesh.node.transfer.download import run_inline
-from locomesh.node.transfer.service import CheckpointService
-from locomesh.node.replication.service import CrdtService
-from locomesh.node.rounds.service import RoundService
+from locomesh.node.assembly import NodeServices, Pieces, node_services
+from locomesh.node.config import NodeConfig
 from locomesh.node.rounds.participation import RunParticipation
-from locomesh.node.runs.registry import DEFAULT_HPARAMS, RunRegistryService
+from locomesh.node.rounds.service import RoundService
+from locomesh.node.runs.registry import DEFAULT_HPARAMS
+from locomesh.node.transfer.service import CheckpointService
 from locomesh.protocol.runs import load_manifest, sign_manifest
 
 from .. import clock
 from ..links import Capacity, LinkProfile
 from ..node import SimNode
+from ..offload import run_inline
 from ..report import percentile, table
 from .. import adversaries
 from ..adversaries import WithholdingCheckpointService
@@ -100,24 +105,30 @@ class Config:
 
 HOSTILE = frozenset({"byzantine", "withholding"})
 
+# A simulated node's pieces in the daemon's service assembly: store work inline (a worker thread's
+# real duration would let virtual time run ahead), no data plane (the simulated network carries
+# libp2p connections only), no ping or NAT traversal. A member adds its participant and compute.
+SIMULATED = Pieces(offload=run_inline, dataplane=False, network=False)
+
 
 @dataclass
 class _Member:
     index: int
     node: SimNode
     kind: str  # honest, slow, joiner, restarter, or one of HOSTILE
-    registry: RunRegistryService
-    rounds: RoundService
+    services: NodeServices
     compute: SimCompute
-    crdt: CrdtService
-    checkpoints: CheckpointService
-    services: tuple = ()  # started in this order on the node
     crashed: bool = False
     done_at: dict[int, float] = field(default_factory=dict)  # round -> when we saw it finished here
 
     @property
     def name(self) -> str:
         return self.node.name
+
+    @property
+    def rounds(self) -> RoundService:
+        assert self.services.rounds is not None
+        return self.services.rounds
 
     def participation(self, run_id: bytes) -> RunParticipation | None:
         entry = self.rounds.participations.get(run_id)
@@ -131,9 +142,7 @@ class _Intruder:
 
     node: SimNode
     kind: str  # sybil, bomber or spammer
-    registry: RunRegistryService
-    crdt: CrdtService
-    checkpoints: CheckpointService
+    services: NodeServices  # no round service
 
 
 class _Run:
@@ -158,64 +167,58 @@ class _Run:
         self.members.append(member)
         return member
 
-    def _services(self, node: SimNode, kind: str) -> tuple:
-        """A member's services over its data dir, as a daemon starting on it builds them: registry,
-        rounds, compute, CRDT, checkpoints, and the order to start them in."""
+    def _services(self, node: SimNode, kind: str) -> tuple[NodeServices, SimCompute]:
+        """A member's services over its data dir, as a daemon starting on it builds them, with its
+        modelled participant and compute (and, for a withholder, its hostile checkpoint service)."""
         config = self.config
-        data_dir = self.directory / node.name
-        registry = RunRegistryService(data_dir)
         factor = config.slow_factor if kind == "slow" else 1.0
         cost = SimCost(step_seconds=config.step_seconds * factor, aggregate_seconds=config.aggregate_seconds,
                        payload_bytes=config.payload_bytes, state_bytes=config.state_bytes)
 
-        def participant(body: dict, key: bytes, _attack: str | None) -> SimParticipant:
+        def participant(body: Mapping[str, Any], key: bytes, _attack: str | None) -> SimParticipant:
             return SimParticipant(body, key, cost, byzantine=kind == "byzantine")
 
-        crdt = CrdtService(data_dir)
-        serving = WithholdingCheckpointService if kind == "withholding" else CheckpointService
-        checkpoints = serving(data_dir / "checkpoints", dataplane=False, offload=run_inline,
-                              discovery=lambda: registry.discovery)
         compute = SimCompute()
-        rounds = RoundService(registry, crdt, checkpoints, participant_factory=participant, compute=compute,
-                              offload=run_inline)
-        return registry, rounds, compute, crdt, checkpoints, (registry, crdt, checkpoints, rounds)
+        serving = WithholdingCheckpointService if kind == "withholding" else CheckpointService
+        pieces = replace(SIMULATED, participant_factory=participant, compute=compute, checkpoint_service=serving)
+        return node_services(NodeConfig(self.directory / node.name), pieces), compute
 
     def _add_intruder(self, kind: str) -> _Intruder:
         config = self.config
         node = self.sim.add_node(f"x{len(self.intruders):04d}", profile=LinkProfile(latency=config.latency, buffer=config.buffer),
                                  capacity=Capacity(upload=config.uplink, download=config.downlink))
-        data_dir = self.directory / node.name
-        registry = RunRegistryService(data_dir)
-        checkpoints = CheckpointService(data_dir / "checkpoints", dataplane=False, offload=run_inline,
-                                        discovery=lambda: registry.discovery)
-        intruder = _Intruder(node, kind, registry, CrdtService(data_dir), checkpoints)
+        services = node_services(NodeConfig(self.directory / node.name), replace(SIMULATED, rounds=False))
+        intruder = _Intruder(node, kind, services)
         self.intruders.append(intruder)
         return intruder
 
     async def _intrude(self, intruder: _Intruder, creator: _Member) -> None:
         """Start an intruder once the run is under way, pull the run's state and attack."""
-        await self.sim.start(intruder.node)
-        node = intruder.node
-        assert node.nursery is not None
-        for service in (intruder.registry, intruder.crdt, intruder.checkpoints):
-            await node.nursery.start(service.run, node.node)
+        node, crdt = intruder.node, intruder.services.crdt
+        await self.sim.start(node)
+        await self._start_services(node, intruder.services)
         await node.connect(creator.node.peer_id, creator.node.listen_addr)
-        await intruder.crdt.open_run(self.manifest)
-        await intruder.crdt.pull(str(creator.node.peer_id), self.run_id)
+        await crdt.open_run(self.manifest)
+        await crdt.pull(str(creator.node.peer_id), self.run_id)
         if intruder.kind == "sybil":
-            await adversaries.attest_bogus_checkpoints(intruder.crdt, self.run_id, until_round=self.config.rounds)
+            await adversaries.attest_bogus_checkpoints(crdt, self.run_id, until_round=self.config.rounds)
         elif intruder.kind == "spammer":
-            await adversaries.spam_ops(intruder.crdt, self.run_id, node.identity, until_round=self.config.rounds)
+            await adversaries.spam_ops(crdt, self.run_id, node.identity, until_round=self.config.rounds)
         else:
-            await adversaries.commit_bombs(intruder.crdt, self.run_id, node.identity.public_key,
-                                           intruder.checkpoints.directory, payload_bytes=self.config.payload_bytes,
-                                           until_round=self.config.rounds)
+            await adversaries.commit_bombs(crdt, self.run_id, node.identity.public_key,
+                                           intruder.services.checkpoints.directory,
+                                           payload_bytes=self.config.payload_bytes, until_round=self.config.rounds)
 
     async def _start(self, member: _Member) -> None:
         await self.sim.start(member.node)
-        assert member.node.nursery is not None
-        for service in member.services:
-            await member.node.nursery.start(service.run, member.node.node)
+        await self._start_services(member.node, member.services)
+
+    @staticmethod
+    async def _start_services(node: SimNode, services: NodeServices) -> None:
+        """Start `node`'s services on its running `Node`, in the daemon's order."""
+        assert node.nursery is not None
+        for service in services.in_start_order():
+            await node.nursery.start(service.run, node.node)
 
     def _kinds(self) -> list[str]:
         config = self.config
@@ -259,15 +262,15 @@ class _Run:
         self.manifest = sign_manifest(creator.node.identity, task="netsim", name="netsim train", seed=self.sim.seed,
                                       hparams=hparams, public=True, created=int(clock.wall()))
         self.run_id = load_manifest(self.manifest)[0]
-        creator.registry.store.add(self.manifest, "created")
+        creator.services.registry.store.add(self.manifest, "created")
         self.started = trio.current_time()
 
     async def _join(self, member: _Member, creator: _Member, at: float) -> None:
         await trio.sleep_until(at)
         await self._start(member)
-        assert member.registry.discovery is not None
+        assert member.services.registry.discovery is not None
         await member.node.connect(creator.node.peer_id, creator.node.listen_addr)
-        await member.registry.discovery.wait_seeded()
+        await member.services.registry.discovery.wait_seeded()
         await member.rounds.join(self.manifest)
 
     async def _crash_after_commit(self, member: _Member, creator: _Member) -> None:
@@ -282,13 +285,9 @@ class _Run:
         member.node.crash()
         self.progress(f"t={trio.current_time():.1f}s: {member.name} killed after its commit in round {work.round}")
         await trio.sleep(RESTART_DELAY)
-        registry, member.rounds, member.compute, member.crdt, member.checkpoints, member.services = (
-            self._services(member.node, member.kind))
-        member.registry = registry
+        member.services, member.compute = self._services(member.node, member.kind)
         await self.sim.restart(member.node)
-        assert member.node.nursery is not None
-        for service in member.services:
-            await member.node.nursery.start(service.run, member.node.node)
+        await self._start_services(member.node, member.services)
         await member.node.connect(creator.node.peer_id, creator.node.listen_addr)
         self.progress(f"t={trio.current_time():.1f}s: {member.name} restarted on its data dir")
 
@@ -442,9 +441,9 @@ class _Run:
         )
 
     def _held_bytes(self, member: _Member) -> int:
-        replica = member.crdt.replicas.get(self.run_id)
+        replica = member.services.crdt.replicas.get(self.run_id)
         ops = 0 if replica is None else sum(len(replica.get(op) or b"") for op in replica.op_ids()) + replica.pending.bytes
-        store = member.checkpoints.directory
+        store = member.services.checkpoints.directory
         return ops + sum(path.stat().st_size for path in store.rglob("*") if path.is_file())
 
 

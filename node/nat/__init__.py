@@ -13,6 +13,7 @@ Modules, one job each:
 * `http_client`: the small HTTP/1.1 client UPnP needs (sans-IO response parser, capped);
 * `mapping_errors`: `MappingError`, the one typed error of the three above;
 * `port_mapping`: the service that maps our port while we are private, renews and removes it;
-* `services`: the three services a daemon runs, built from its configuration;
-* `netns_lab`: a small internet of Linux network namespaces behind nftables NATs (tests, benchmarks).
+* `services`: the three services a daemon runs, built from its configuration.
+
+The network-namespace lab the NAT tests and benchmarks use is test plumbing: tests/netns_lab.py.
 """

@@ -32,6 +32,7 @@ from locomesh.crdt import Replica
 from locomesh.crdt.evidence import ban_reason
 from locomesh.protocol import peer_id_from_public_key
 from locomesh.protocol.runs import short_run_id
+from locomesh.training.contract import RoundParticipant
 from locomesh.training.run_settings import TrainingDiverged
 
 from locomesh.node.rounds import machine as rm
@@ -40,6 +41,8 @@ from locomesh.node.rounds.states import StateKeeper
 from locomesh.node.rounds.status import waiting_on
 from locomesh.node.transfer.download import Offload
 from locomesh.node.rounds.work import RoundRecord, RoundWork, TrainingAhead
+from locomesh.node.peer_scores import PeerScores
+from locomesh.node.replication.service import CrdtService
 from locomesh.node.runtime import Node
 
 logger = logging.getLogger(__name__)
@@ -54,8 +57,8 @@ HISTORY = 100
 class RunParticipation:
     """This node's part in one run, from `run()` until it is cancelled (a leave, or shutdown)."""
 
-    def __init__(self, node: Node, crdt: Any, replica: Replica, participant: Any, checkpoint_dir: Path,
-                 scores: Any, *, timing: rm.Timing, compute: Compute = trio.to_thread.run_sync,
+    def __init__(self, node: Node, crdt: CrdtService, replica: Replica, participant: RoundParticipant,
+                 checkpoint_dir: Path, scores: PeerScores, *, timing: rm.Timing, compute: Compute = trio.to_thread.run_sync,
                  offload: Offload = trio.to_thread.run_sync) -> None:
         self.node = node
         self.crdt = crdt

@@ -23,17 +23,20 @@ which says why); a run taken up again at start shows the same.
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable
+from typing import Any
 
 import trio
 from multiaddr import Multiaddr
 
+from locomesh.crdt import Replica
 from locomesh.dht import records
 from locomesh.dht.discovery import DiscoveryError
 from locomesh.protocol import ProtocolError
 from locomesh.protocol.runs import format_run_id, load_manifest, parse_run_id, short_run_id
+from locomesh.training.contract import ParticipantFactory
 from locomesh.training.run_settings import ParticipantError, RoundSettings
 
+from locomesh.node.transfer.download import Offload
 from locomesh.node.transfer.service import CheckpointService
 from locomesh.node.replication.service import CrdtService
 from locomesh.node.rpc.dispatch import RpcError
@@ -43,8 +46,6 @@ from locomesh.node.runs.registry import BAD_RUN, RUN_NOT_FOUND, RunRegistryServi
 from locomesh.node.runtime import DialError, Node
 
 logger = logging.getLogger(__name__)
-
-ParticipantFactory = Callable[[dict, bytes, "str | None"], Any]
 
 NOT_JOINED = -32005
 BANNED = -32007
@@ -65,7 +66,7 @@ class RoundService:
         attack: str = "",
         participant_factory: ParticipantFactory | None = None,
         compute: Compute = trio.to_thread.run_sync,
-        offload: Compute = trio.to_thread.run_sync,
+        offload: Offload = trio.to_thread.run_sync,
     ) -> None:
         """`participant_factory(manifest body, our public key, attack)` and `compute` exist for the
         simulator, which models training time instead of spending it, as does `offload` (how blocking
@@ -134,7 +135,7 @@ class RoundService:
         logger.info("joined run %s; training from round %d", short_run_id(replica.run_id), first)
         return first
 
-    def _write_join(self, replica: Any) -> int:
+    def _write_join(self, replica: Replica) -> int:
         """Write our join op unless we are a member already (or banned); the first round we train."""
         state = replica.state
         if self._node.identity.public_key in state.members or self.crdt.ban_reason(replica.run_id) is not None:

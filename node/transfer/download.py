@@ -55,15 +55,9 @@ MAX_WINDOW = 4
 TRANSPORTS = ("auto", "dataplane", "libp2p")
 
 # How blocking store work (hashing, file I/O, fsync) is run: in a worker thread by default, so
-# the event loop stays free. The simulator runs it inline instead (`run_inline`): a thread's
+# the event loop stays free. The simulator runs it inline instead (netsim/offload.py): a thread's
 # real duration would let virtual time jump ahead unpredictably, and same seed => same run.
 Offload = Callable[..., Awaitable[Any]]
-
-
-async def run_inline(function: Callable[..., Any], *args: Any) -> Any:
-    """An `Offload` that runs `function(*args)` on the event loop (it takes no virtual time)."""
-    await trio.lowlevel.checkpoint()
-    return function(*args)
 
 
 class DownloadError(Exception):

@@ -1,5 +1,11 @@
 """A small internet in Linux network namespaces, for the NAT tests and benchmarks (root only).
 
+Test plumbing, so it lives beside the tests, not in a package the daemon ships: it starts real
+daemons with the CLI's `DaemonProcess` and drives them with its `RpcClient`, and only the top
+layer may import the CLI (node must not; netsim, the in-memory simulator, must not either, and a
+lab of real kernels and real processes is not a simulation). Its users are
+tests/test_nat_netns.py and bench/nat_netns.py (which puts the repository root on its path).
+
 `NatLab` needs root, `ip` (iproute2) and `nft` (nftables)::
 
     relay ns: bridge br0 = the "internet", 11.0.0.1 (a public relay / bootstrap host lives here)
@@ -29,10 +35,9 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from locomesh.cli.daemon_process import DaemonProcess
+from locomesh.cli.daemon_process import DaemonProcess
 
 PUBLIC_IP = "11.0.0.1"
 NAT_PUBLIC_IPS = ("11.0.0.11", "11.0.0.12")
@@ -166,8 +171,6 @@ class LabTimeout(Exception):
 
 def start_daemon(lab: NatLab, ns: str, data_dir: Path, *, listen: str, bootstrap=(), env=None) -> DaemonProcess:
     """A real `locomesh node start` in namespace `ns`; its log goes to ``<data_dir>.log``."""
-    from locomesh.cli.daemon_process import DaemonProcess  # a dev tool may reach up to the CLI layer
-
     data_dir.mkdir(parents=True, exist_ok=True)
     log = open(f"{data_dir}.log", "wb")  # noqa: SIM115 - the child holds it; closed when the caller ends
     daemon = DaemonProcess(data_dir, listen=[listen], bootstrap=list(bootstrap), log=log, env={**os.environ, **(env or {})})

@@ -1,0 +1,82 @@
+"""The services a node runs, assembled in one place: the daemon's and the simulator's nodes alike.
+
+`node_services(config, pieces)` builds them over ``config.data_dir``, wired to each other, in the
+order the node starts them:
+
+    ping, reachability, port mapping, relay      (`network`: they need real sockets and gateways)
+    run registry (owns the DHT), CRDT, checkpoints, rounds
+
+`Pieces` are the parts a caller may put in place of the daemon's own. The daemon passes none.
+The network simulator (netsim/scenarios/train.py) passes a modelled participant and compute,
+inline store work, no data plane (it carries libp2p connections only) and no network services,
+and for an adversary a hostile subclass of the checkpoint service; a stranger that only writes
+ops runs no round service.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import trio
+
+from locomesh.training.contract import ParticipantFactory
+
+from locomesh.node.config import NodeConfig
+from locomesh.node.nat.services import nat_services
+from locomesh.node.ping import PingService
+from locomesh.node.replication.service import CrdtService
+from locomesh.node.rounds.participation import Compute
+from locomesh.node.rounds.service import RoundService
+from locomesh.node.runs.registry import RunRegistryService
+from locomesh.node.service import Service
+from locomesh.node.transfer.download import Offload
+from locomesh.node.transfer.service import CheckpointService
+
+
+@dataclass(frozen=True)
+class Pieces:
+    """What a caller may inject; every default is the daemon's own part."""
+
+    participant_factory: ParticipantFactory | None = None  # None: training.participant.Participant.for_run
+    compute: Compute = trio.to_thread.run_sync  # runs a participant method (its training, its outer step)
+    offload: Offload = trio.to_thread.run_sync  # runs blocking store work (hashing, file writes)
+    dataplane: bool = True  # the checkpoint data plane (its own TCP listener beside libp2p)
+    checkpoint_service: type[CheckpointService] = CheckpointService
+    network: bool = True  # ping and the NAT-traversal services (modes from the config)
+    rounds: bool = True  # the round service (training); without it a node replicates and serves only
+
+
+@dataclass(frozen=True)
+class NodeServices:
+    """One node's services, by name, and each collaborator of the others."""
+
+    registry: RunRegistryService
+    crdt: CrdtService
+    checkpoints: CheckpointService
+    rounds: RoundService | None
+    network: tuple[Service, ...] = ()
+
+    def in_start_order(self) -> list[Service]:
+        """The order the node starts them in: each service only needs what started before it."""
+        rounds = [] if self.rounds is None else [self.rounds]
+        return [*self.network, self.registry, self.crdt, self.checkpoints, *rounds]
+
+
+def node_services(config: NodeConfig, pieces: Pieces = Pieces()) -> NodeServices:
+    """A node's services over ``config.data_dir``, with `pieces` in place of the daemon's own."""
+    registry = RunRegistryService(config.data_dir)
+    crdt = CrdtService(config.data_dir)
+    checkpoints = pieces.checkpoint_service(
+        config.data_dir / "checkpoints", dataplane=pieces.dataplane, offload=pieces.offload,
+        discovery=lambda: registry.discovery,
+    )
+    rounds = None
+    if pieces.rounds:
+        rounds = RoundService(registry, crdt, checkpoints, attack=config.attack,
+                              participant_factory=pieces.participant_factory, compute=pieces.compute,
+                              offload=pieces.offload)
+    network: tuple[Service, ...] = ()
+    if pieces.network:
+        network = (PingService(), *nat_services(relay=config.relay, nat_traversal=config.nat_traversal,
+                                                port_mapping=config.port_mapping, discovery=lambda: registry.discovery))
+    return NodeServices(registry, crdt, checkpoints, rounds, network)

@@ -1,0 +1,111 @@
+"""What the round protocol needs from training: the `RoundParticipant` contract.
+
+`locomesh.node.rounds` drives one peer's share of a run through exactly the members listed
+here and no others (tests/test_participant_contract.py holds the list to what node/rounds/
+uses). Two classes implement it:
+
+- `locomesh.training.participant.Participant`: the real DiLoCo participant (torch);
+- `locomesh.netsim.sim_participant.SimParticipant`: training and aggregation as modelled
+  virtual time, the state as opaque bytes (the network simulator's).
+
+The round calls one member at a time (through its `compute`: a worker thread in the daemon) and
+never reads a participant's state other than through these members. Both protocols are
+`runtime_checkable`, so ``isinstance(x, RoundParticipant)`` checks that every member is there
+(not their signatures: the test does that).
+
+This module imports neither torch nor the participant module, so the node can import it at
+start (the daemon loads torch on its first join only).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from .checkpoint_manifest import ManifestLimits
+
+if TYPE_CHECKING:
+    from .participant import Contribution, StateSnapshot
+
+
+@runtime_checkable
+class TrainingSettings(Protocol):
+    """The run's settings the round reads (`training.run_settings.RoundSettings` has them all)."""
+
+    @property
+    def inner_steps(self) -> int: ...
+
+    @property
+    def delayed_updates(self) -> bool: ...
+
+
+@runtime_checkable
+class OuterShape(Protocol):
+    """What the round reads of the outer state: its size (reported in ``run.status``)."""
+
+    @property
+    def numel(self) -> int: ...
+
+
+@runtime_checkable
+class RoundParticipant(Protocol):
+    """θ_r of one run and this peer's way of training on it, as the round protocol uses them.
+
+    Errors the round relies on: `train` raises `TrainingDiverged` when there is nothing to send;
+    `aggregate` raises a `ValueError` when no payload can be applied; `payload_limits` raises
+    `ParticipantError` (a `ValueError`) for a payload size the run cannot have."""
+
+    @property
+    def settings(self) -> TrainingSettings: ...
+
+    @property
+    def outer(self) -> OuterShape: ...
+
+    def train(self, stop: Callable[[], bool] | None = None, start: Any = None) -> Contribution:
+        """This round's contribution, from θ_r or from `start` (what `delayed_start` returned);
+        `stop()` is asked between steps and may end training early."""
+        ...
+
+    def delayed_start(self, trained: Contribution) -> Any:
+        """Where the next round's training starts while `trained`'s round is still exchanged
+        (one-round-delayed updates); handed back to `train` as its `start`, opaque to the round."""
+        ...
+
+    def aggregate(self, payloads: Mapping[bytes, bytes]) -> object:
+        """The outer step over the round's payloads by author key: θ_r becomes θ_{r+1}."""
+        ...
+
+    def state_hash(self) -> bytes:
+        """The hash of the current state's checkpoint (what peers vote on), without writing it."""
+        ...
+
+    def snapshot(self) -> StateSnapshot:
+        """The current state, to be stored later (it does not change when the next round trains)."""
+        ...
+
+    def adopt(self, tensors: Mapping[str, Any], round_number: int) -> None:
+        """Take the tensors of a verified stored state (one that kept `state_limits`) as the shared
+        state after round `round_number` (`node.transfer.store.load_state` reads them)."""
+        ...
+
+    def evaluation_due(self) -> bool:
+        """Whether the run evaluates the current state."""
+        ...
+
+    def evaluate(self) -> dict[str, float | None]:
+        """The current state's eval loss and the task's floor (None where unknown)."""
+        ...
+
+    def payload_limits(self, run: bytes, round_number: int, size: int) -> ManifestLimits:
+        """What the checkpoint of a payload of `size` bytes committed for `round_number` may be."""
+        ...
+
+    def state_limits(self, run: bytes, round_number: int | None = None) -> ManifestLimits:
+        """What the checkpoint of a state of run `run` (of `round_number`, if given) may be."""
+        ...
+
+
+# How a node makes its participant: (the run's manifest body, our public key, the test attack to
+# play or None) -> participant. The daemon's is `Participant.for_run`; the simulator's makes a
+# `SimParticipant`.
+ParticipantFactory = Callable[[Mapping[str, Any], bytes, str | None], RoundParticipant]
