@@ -12,13 +12,14 @@ phase, `--warm-steps` (100) DDP steps on samples of their own (run seed 1; the c
 uses run seed 0) give the one θ0 that every method starts from. Its 12,800 samples and its
 bytes are the same for every method and are reported in meta["warm_start"], not in the rows.
 Without it (`--warm-steps 0`) DiLoCo's batch-16 workers spend the first 2-3 rounds on the
-initial plateau that DDP's 8× batch leaves at once, and int8 ended at 1.047× DDP's loss.
+initial plateau that DDP's 8× batch leaves at once, and int8 missed its target
+(README, Measured figures).
 
 Targets: DiLoCo int8 within 2% of DDP's eval loss (loss ≤ 1.02 × DDP's) while each worker sends
 ≥ 500× fewer bytes; 4-bit with error feedback within 2% and ≥ 1000× fewer. The bytes reduction
 is about H × 4 / (payload bytes per parameter), so H = 150 is what buys 500× and 1000×.
 
-    .venv/bin/python bench/diloco_vs_ddp.py --jobs 2   # full mode (about 6 × 1.7 CPU-minutes)
+    .venv/bin/python bench/diloco_vs_ddp.py --jobs 2   # full mode (its run time: README, Measured figures)
     .venv/bin/python bench/diloco_vs_ddp.py --quick    # a smoke run of the same pipeline
 
 Fairness: DDP runs at every lr of `--ddp-lr` (3e-3, 1e-2, 2e-2) and the best one is the

@@ -10,38 +10,16 @@ registry imports for the `checkpoint` scenario), virtual seconds simulated,
 virtual seconds per wall second and per CPU second, connections attempted,
 and the gossip delivery ratio; one JSON line, then a markdown table.
 
-Where the time goes (cProfile and a trio instrument at 100-1,000 nodes): about
-a third is trio's scheduler and cancel scopes (py-libp2p yields often: every
-lock, every frame), most of the rest py-libp2p's per-connection and per-frame
-work (Yamux frame handling, multistream negotiation, Identify on every new
-connection, Noise, and multiaddr/base58 parsing scattered through it, ~10%),
-a few percent the simulator, and at 1,000 nodes ~8% the garbage collector
-(`netsim.collector` pauses it and collects by growth).
-
-What was cut, one change at a time, `connectivity` at 200 nodes, CPU seconds
-(one run each, on a machine shared with 3-4 other agents, so +-10%):
-
-| change | CPU s |
-|---|---|
-| before (last session's code) | 43.5 |
-| Yamux window update only once half the window is read (`netsim.libp2p_chores`), was: one frame back per read | 32.4 |
-| + one shared timer wakes pipe readers at arrival, arrivals on a 1 ms grid (`netsim.wakeups`) | 31.8 |
-| (the 1 ms grid alone, per-reader timers kept) | 40.4 |
-
-The grid is off in the final code (it cost reproducibility, see
-`netsim.wakeups`); the shared timer stays. Window updates and the timer
-together cut trio task steps from 365k to 231k at 100 nodes. Multiaddr and
-peer-ID parsing are memoised (`netsim.transport`, `netsim.pex`). Final code,
-quiet machine, seed 1: 100 nodes 12.8 CPU s, 200 nodes 29.1, 1,000 nodes
-174.0 (last session: 20.0 and 257.8, at load ~5).
-
-Later (2026-11-24): the collector freezes the survivors of each collection
-(`netsim.collector`), the run's clock answers "now" from its virtual base
-(`netsim.simulation._jumping_clock`), py-libp2p's thin-waist split of
-observed addresses is memoised (`netsim.libp2p_chores`); reports unchanged
-(15,157 connection attempts, delivery 0.9929 at 1,000 nodes, seed 1). 1,000
-nodes, alternating runs, idle machine whose speed drifts by ~10%: before
-131.2 and 116.6 s, after 106.1 and 116.8 s; peak RSS 1068 -> 1054 MiB.
+Where the time goes (cProfile and a trio instrument): trio's scheduler and
+cancel scopes (py-libp2p yields often: every lock, every frame), then
+py-libp2p's per-connection and per-frame work (Yamux frame handling,
+multistream negotiation, Identify on every new connection, Noise, and
+multiaddr/base58 parsing scattered through it), a few percent the simulator,
+and at 1,000 nodes the garbage collector (`netsim.collector` pauses it and
+collects by growth). What each speed-up (`netsim.libp2p_chores`,
+`netsim.wakeups`, `netsim.collector`, memoised parsing in `netsim.transport`
+and `netsim.pex`) saved, and the figures of the last runs: README, Measured
+figures.
 """
 
 from __future__ import annotations

@@ -11,9 +11,9 @@ reports per round (`run.status` history):
 - fetch_s: from the last counted commit seen to the last payload in hand;
 - aggregate_s: the outer step alone.
 
-Rows give the median over daemons and rounds (round 1 is left out: it includes start-up). For
-comparison, hivemind 1.1.12's all-reduce (no robust aggregation) measured 2.9-3.4 s for 4 peers
-and 7.7-9.7 s for 8 on this machine; the target is at most half of that.
+Rows give the median over daemons and rounds (round 1 is left out: it includes start-up). The
+target is at most half the time of hivemind 1.1.12's all-reduce (no robust aggregation) for as
+many peers on the same machine (its figures: README, Measured figures).
 
 Bytes: each daemon's payloads per round, the upload of the allgather ((N-1) fetches of each
 payload), and what data-parallel training sends for the same samples (4 bytes x params per step).

@@ -85,7 +85,7 @@ def start_swarm(root: Path, count: int, *, log: Any = None, extra_args: dict[int
     `extra_args` maps a node's index to more `node start` flags (a test adversary's `--attack`)."""
     extra_args = extra_args or {}
     # Several daemons share this machine's cores: one torch thread each, or their OpenMP threads
-    # spin against each other and a 0.2 s round of inner steps takes tens of seconds.
+    # spin against each other and a round of inner steps takes many times longer (README, Measured figures).
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     first = DaemonProcess(root / "node0", log=log, extra_args=extra_args.get(0, ()), env=env).start()
     status = first.wait_ready()

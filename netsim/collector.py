@@ -2,11 +2,11 @@
 
 Why: a thousand simulated hosts keep a few million live objects (py-libp2p
 connections, streams, trio tasks and cancel scopes), and CPython's
-generational collector keeps walking them. Measured on the `connectivity`
-scenario, the collector took 8% of the CPU at 100 nodes and 17% at 400 (1.9 s
-of 22 s, then 19 s of 110 s): its cost grew faster than the simulation. Yet
-the run makes little cyclic garbage (with collection off, peak RSS grew by
-4% at 400 nodes), because almost everything is freed by reference counting.
+generational collector keeps walking them: on the `connectivity` scenario
+its share of the CPU grew with the number of nodes, its cost faster than the
+simulation's. Yet the run makes little cyclic garbage (with collection off,
+peak RSS hardly grew), because almost everything is freed by reference
+counting (README, Measured figures).
 
 So, for the duration of a run (`paused_collection`):
 

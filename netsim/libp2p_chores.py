@@ -10,13 +10,12 @@ back-pressure stay as they were.
 **RTT pings.** Yamux pings every connection 0.5 s after it opens and then
 every `RTT_MEASURE_INTERVAL` (30 s) to keep a smoothed round-trip estimate
 for its receive-window auto-tuning. A ping and its pong are two frames, each
-through Noise, the simulated link and both Yamux loops. On the
-`connectivity` scenario at 100 nodes (136 virtual seconds, so about five
-pings per connection) spacing them out took the run from 22.5 to 16.1 CPU
-seconds (one measurement each, on a shared machine), for an estimate that the
-simulated links (fixed latency plus small jitter) never change. The first
-ping stays (the window auto-tuning sees a measured RTT, as on a real
-network); later ones come every `SIMULATED_RTT_INTERVAL`.
+through Noise, the simulated link and both Yamux loops. Spacing them out
+cut a large share of the `connectivity` scenario's CPU time (README,
+Measured figures), for an estimate that the simulated links (fixed latency
+plus small jitter) never change. The first ping stays (the window
+auto-tuning sees a measured RTT, as on a real network); later ones come
+every `SIMULATED_RTT_INTERVAL`.
 
 **Window updates.** py-libp2p sends a WINDOW_UPDATE frame after nearly every
 read (its "partial slack" rule: any credit below the half-window threshold
@@ -27,17 +26,17 @@ applies go-yamux's rule: reads add to the stream's pending credit, and
 py-libp2p's own update logic runs (and sends the frame, with its
 auto-tuning) once the pending credit reaches its threshold
 (`YamuxStream._grow_threshold()`, half the target window). The sender still
-has the other half of its window, so no stream stalls. Measured on
-`connectivity` at 200 nodes: 43.5 to 32.4 CPU seconds (one run each, shared
-machine); more than half of all Yamux frames had been window updates.
+has the other half of its window, so no stream stalls. More than half of
+all Yamux frames had been window updates (`connectivity`'s CPU time before
+and after: README, Measured figures).
 
 **Thin waists.** Identify hands every observed address to py-libp2p's
 `ObservedAddrManager`, which splits it and each of our listen addresses into
 IP + transport and the rest (`extract_thin_waist`) several times over,
-parsing multiaddrs each time: 1.2 ms per observation, 3% of `connectivity`
-at 500 nodes. The split is a pure function of the address, so in a
-simulation it is memoised (`_memoised_thin_waist`); results are the same
-immutable values.
+parsing multiaddrs each time, a visible share of `connectivity`'s CPU at
+500 nodes (README, Measured figures). The split is a pure function of the
+address, so in a simulation it is memoised (`_memoised_thin_waist`);
+results are the same immutable values.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ same run, byte for byte, because everything that could differ is pinned:
   reads `locomesh.netsim.clock`, which a run sets to virtual wall time.
 
 Retuned for speed only: garbage collection (`collector`: a large run spent
-a fifth of its time walking the same objects), Yamux's periodic RTT pings
+much of its time walking the same objects), Yamux's periodic RTT pings
 and its one-window-update-per-read (`libp2p_chores`: go-yamux's batching
 instead), and how pipe readers wait (one shared timer, `wakeups`).
 

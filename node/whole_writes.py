@@ -8,9 +8,9 @@ nonce, or a few bytes, out of step: the peer's next decryption fails
 whole connection, with every stream on it. Writes are cancelled all the time
 in a node: a chunk asked of two providers is cancelled at one once the other
 answered, fetches of a discarded round are cancelled, timeouts fire. Under
-load, one such cancel in a few hundred landed in that window: in a 4-daemon
-`bench/round_exchange.py` run, 7 connections were dropped that way, and the
-payload fetches on them failed and were retried.
+load some of them land in that window: in `bench/round_exchange.py` runs
+connections were dropped that way, and the payload fetches on them failed and
+were retried (README, Measured figures).
 
 So the byte stream under every connection (`MeteredTransport` wraps each one
 in a `WholeWriteStream`) shields each write from cancellation. A cancel still

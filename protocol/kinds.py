@@ -133,7 +133,8 @@ CRDT_VOTE = _op_kind(
 # A member's word that attempt `attempt` of round `round` passed the run's round deadline on its
 # clock without a certificate (crdt/electorate.py: attempts). Attempts are few: MAX_ATTEMPTS.
 CRDT_TIMEOUT = _op_kind("timeout", {"round": Int(1, 2**40), "attempt": Int(0, 63)}, 4 * KiB)
-# An author's commitment to its encoded pseudo-gradient for a round: SHA-256 and length of the payload.
+# An author's commitment to its encoded pseudo-gradient for a round: the payload's checkpoint ID (SHA-256
+# of its manifest, training/checkpoint_manifest.py), which names every chunk's hash, and its length.
 MAX_PAYLOAD_SIZE = 2**31
 CRDT_COMMIT = _op_kind("commit", {"round": Int(1, 2**40), "hash": _hash, "size": Int(1, MAX_PAYLOAD_SIZE)}, 4 * KiB)
 # The round's proposer names the commitments everyone aggregates (node/rounds/machine.py).

@@ -129,15 +129,14 @@ def centered_clip(
     no outlier beyond ρτ, and no cluster sitting on the centre within τ/ρ (a
     stale or replayed update sits near the previous aggregate). Honest
     contributions lie at nearly equal distances from any centre, the more so
-    the larger the model, because their independent noise dominates: within
-    ±0.02% of τ for 16M Gaussian coordinates, so attack-free rounds of large
-    models cost one step; within about ±10% on the 14K-parameter model of
-    bench/byzantine.py, where most rounds run all `iterations`. A larger ρ
-    stops more often and gives up robustness against colluders hiding among
-    the honest: with ρ = 1.2 that benchmark's replay attack at f/N = 1/3 went
-    from +4.8% to +5.4%, its three identical replays sitting at 1.09τ in one
-    round. The test reads the exact distances, so every peer stops at the same
-    step; `shell_ratio` 1 stops only when all distances are equal.
+    the larger the model, because their independent noise dominates: for
+    millions of Gaussian coordinates so nearly that attack-free rounds of large
+    models cost one step; on the small model of bench/byzantine.py far less so,
+    and most rounds run all `iterations`. A larger ρ stops more often and gives
+    up robustness against colluders hiding among the honest: identical replays
+    that sit just inside a wider shell end the clipping early (README, Measured
+    figures). The test reads the exact distances, so every peer stops at the
+    same step; `shell_ratio` 1 stops only when all distances are equal.
     """
     if iterations < 1:
         raise AggregatorError("centered_clip needs iterations >= 1")

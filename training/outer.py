@@ -251,8 +251,8 @@ class SpareVectors:
     Why: a step never writes into an array it has handed out (a state may be being stored
     while the next round trains), so each round needs a new θ and momentum. Made afresh, a
     vector of 25M values costs page faults on every touch: on a VM that hands freed memory
-    back to its host, the 25M-parameter outer step took 0.44-0.51 s with steps back to back
-    but 0.93-1.31 s with 6 s between them (a round's length), most of it faulting in new pages.
+    back to its host, an outer step a round after the last one took about twice as long as one
+    right after it, most of it faulting in new pages (README, Measured figures).
 
     "Nothing else holds it" is read from the reference count: an array held only by this list
     has two references while `sys.getrefcount` looks at it (the list's and the argument's).

@@ -24,10 +24,10 @@ from .checkpoint_manifest import (
 )
 from .state_format import layout_raw_size, state_pieces
 
-COMPRESSION_LEVEL = 1  # float weights: level 3 saves no more bytes than 1 (about 7%) at under half the speed
-# A negative level stores float weights as raw zstd blocks (ratio 1.0) at about 5 GB/s against level
-# 1's 0.92 at 0.76 GB/s: the choice for a run state written every round, where the 8% would cost
-# every peer ~0.4 CPU-s per round of 25M parameters and saves bytes only for the rare syncing peer.
+COMPRESSION_LEVEL = 1  # level 3 saves no more bytes of float weights, at under half the speed (README, Measured figures)
+# A negative level stores float weights as raw zstd blocks (no compression) several times faster than
+# level 1, which saves a few percent: the choice for a run state written every round, where level 1
+# would cost every peer CPU time each round and save bytes only for the rare syncing peer (README, Measured figures).
 FAST_LEVEL = -1
 
 Tensors = Mapping[str, Any]  # name -> torch tensor or numpy array (`state_format` says which dtypes)

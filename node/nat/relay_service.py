@@ -301,8 +301,8 @@ class RelayService:
         others are left to finish in the service's nursery, each within its own
         timeout, and are not cancelled: a second relayed dial cancelled in the
         middle of its upgrade could take the connection that had just won down
-        with it (netsim `nat`, seed 4, before `CircuitRelay`: pairs upgraded to
-        direct where the NATs allow it 0.869 when cancelling, 0.976 without).
+        with it (netsim `nat`: fewer pairs went direct when the others were
+        cancelled; README, Measured figures).
         A dial not yet started when one has won is skipped. DCUtR later upgrades a relayed
         connection where it can.
         Returns how we are connected ("direct" or "relayed"); `DialError` if nothing worked.
