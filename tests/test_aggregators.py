@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from locomesh.training import exact
+from locomesh.training.codec import decode, decode_row, encode
 from locomesh.training.aggregators import (
     AGGREGATORS,
     AggregatorError,
@@ -135,6 +136,26 @@ def test_bit_identical_under_any_input_order(name):
         by_content.add(exact.params_hash(aggregate(name, [rows[i] for i in order], **options)))
         by_key.add(exact.params_hash(aggregate(name, [rows[i] for i in order], keys=[keys[i] for i in order], **options)))
     assert len(by_content) == 1 and len(by_key) == 1
+
+
+@pytest.mark.parametrize("name", sorted(AGGREGATORS))
+@pytest.mark.parametrize("bucket_size", [None, 2])
+def test_quantized_rows_aggregate_to_the_bits_of_their_decoded_vectors(name, bucket_size):
+    """What the outer step hands the aggregators (`QuantizedRow`s, read slab by slab) gives the
+    same bits as the float32 vectors they decode to."""
+    rows = honest_rows(10, count=7, numel=NUMEL) + huge_attackers(11, count=2, numel=NUMEL)
+    payloads = [encode(row, "int8") for row in rows]
+    quantized = [decode_row(payload, NUMEL) for payload in payloads]
+    decoded = [decode(payload, NUMEL) for payload in payloads]
+    options = {"krum": {"f": 1}, "multi_krum": {"f": 1, "m": 3}}.get(name, {})  # 5 buckets of 2 allow f = 1
+    previous = honest_rows(12, count=1, numel=NUMEL)[0]
+    keys = [bytes([i]) for i in range(len(rows))]
+    hashes = {
+        exact.params_hash(aggregate(name, given, keys=keys, previous=previous, bucket_size=bucket_size,
+                                    bucket_seed=b"round 3", **options))
+        for given in (quantized, decoded)
+    }
+    assert len(hashes) == 1
 
 
 @pytest.mark.parametrize("name", sorted(AGGREGATORS))

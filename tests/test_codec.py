@@ -13,7 +13,9 @@ from locomesh.training.codec import (
     FP16_MAX,
     CodecError,
     Encoder,
+    QuantizedRow,
     decode,
+    decode_row,
     encode,
     non_finite_payload,
 )
@@ -185,6 +187,40 @@ def test_decoder_rejects(case):
     with pytest.raises(CodecError) as caught:
         decode(payload, numel, **(options[0] if options else {}))
     assert caught.value.code and caught.value.reason
+
+
+@pytest.mark.parametrize("case", sorted(REJECTIONS))
+def test_the_row_decoder_rejects_what_the_decoder_rejects(case):
+    payload, numel, *options = REJECTIONS[case]()
+    with pytest.raises(CodecError) as caught:
+        decode_row(payload, numel, **(options[0] if options else {}))
+    with pytest.raises(CodecError) as expected:
+        decode(payload, numel, **(options[0] if options else {}))
+    assert caught.value.code == expected.value.code
+
+
+@pytest.mark.parametrize("mode", ["int8", "int4"])
+def test_a_quantized_row_gives_the_decoded_bits_for_any_range(mode):
+    payload = encode(pseudo_gradient(3), mode, block_size=BLOCK)
+    decoded = decode(payload, NUMEL, block_size=BLOCK)
+    row = decode_row(payload, NUMEL, block_size=BLOCK)
+    assert isinstance(row, QuantizedRow) and row.size == len(row) == NUMEL
+    assert row.codes.itemsize == 1  # a byte a value while it waits to be aggregated
+    ranges = [(0, NUMEL), (0, BLOCK), (BLOCK, 3 * BLOCK), (7, 9), (BLOCK - 1, BLOCK + 1), (NUMEL - 3, NUMEL), (5, 5)]
+    rng = np.random.default_rng(4)
+    ranges += [tuple(sorted(rng.integers(0, NUMEL + 1, 2))) for _ in range(20)]
+    for start, stop in ranges:
+        assert row[start:stop].view(np.uint32).tolist() == decoded[start:stop].view(np.uint32).tolist()
+    assert np.asarray(row).view(np.uint32).tolist() == decoded.view(np.uint32).tolist()
+    with pytest.raises(TypeError):
+        row[3]
+
+
+def test_an_fp32_row_is_its_values():
+    x = pseudo_gradient(5)
+    row = decode_row(encode(x, "fp32"), NUMEL)
+    assert isinstance(row, np.ndarray) and row.dtype == np.float32
+    assert row.view(np.uint32).tolist() == x.view(np.uint32).tolist()
 
 
 def test_scale_above_configured_max_is_rejected():

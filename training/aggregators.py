@@ -26,9 +26,10 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from . import exact
+from .codec import QuantizedRow
 from .exact import F32
 
-Rows = Sequence[np.ndarray]
+Rows = Sequence[np.ndarray | QuantizedRow]  # read by slices: [start:stop] gives float32 values
 
 
 class AggregatorError(ValueError):
@@ -237,9 +238,9 @@ def canonical_order(contributions: Rows, keys: Sequence[bytes] | None = None) ->
     """The contributions sorted by their keys (or content hashes), after checking their shapes."""
     if not contributions:
         raise AggregatorError("no contributions to aggregate")
-    numel = exact.as_flat_f32(contributions[0], what="a contribution").size
+    numel = _row_size(contributions[0])
     for row in contributions:
-        if exact.as_flat_f32(row, what="a contribution").size != numel:
+        if _row_size(row) != numel:
             raise AggregatorError("contributions differ in size")
     if keys is None:
         # Equal contents get equal keys, and then their relative order cannot matter.
@@ -248,6 +249,12 @@ def canonical_order(contributions: Rows, keys: Sequence[bytes] | None = None) ->
         raise AggregatorError("need exactly one distinct key per contribution")
     order = sorted(range(len(contributions)), key=lambda i: keys[i])
     return [contributions[i] for i in order]
+
+
+def _row_size(row: np.ndarray | QuantizedRow) -> int:
+    """The length of a contribution: a 1-D C-contiguous float32 vector, or a `QuantizedRow`
+    (read slab by slab like one); ValueError for anything else."""
+    return row.size if isinstance(row, QuantizedRow) else exact.as_flat_f32(row, what="a contribution").size
 
 
 def bucket_means(rows: Rows, size: int, seed: bytes) -> list[np.ndarray]:
@@ -278,7 +285,7 @@ def _per_coordinate_sorted(
     for start, stop in exact.slabs(numel):
         lines = [block[i, : stop - start] for i in range(k + 1)]
         for line, row in zip(lines, rows):
-            exact.canonical_zeros(row[start:stop], out=line)
+            exact.canonical_zeros(exact.read_slab(row, start, stop, line), out=line)
         ordered, spare = lines[:k], lines[k]
         for low, high in network:
             np.minimum(ordered[low], ordered[high], out=spare)

@@ -170,18 +170,35 @@ def decode(
     `modes` are the modes accepted; `block_size`, when given, is the only block
     size accepted; scales above `max_scale` are refused. The decompressed body
     is never allowed to grow past its exact expected size. The values go into
-    `out` (a float32 vector of `expected_numel`, reused across rounds to spare the
-    allocation) when given, else into a new array; on `CodecError`, `out` may
-    hold garbage.
+    `out` (a float32 vector of `expected_numel`) when given, else into a new
+    array; on `CodecError`, `out` may hold garbage.
     """
     if out is not None and (out.dtype != np.float32 or out.shape != (expected_numel,)):
         raise ValueError(f"out must be a float32 vector of {expected_numel} values")
+    row = decode_row(payload, expected_numel, modes=modes, block_size=block_size, max_scale=max_scale)
+    if isinstance(row, QuantizedRow):
+        return row.dequantize(0, row.size, out)
+    return row.copy() if out is None else _copied(row, out)
+
+
+def decode_row(
+    payload: bytes,
+    expected_numel: int,
+    *,
+    modes: tuple[str, ...] = MODES,
+    block_size: int | None = None,
+    max_scale: float = FP16_MAX,
+) -> np.ndarray | QuantizedRow:
+    """`payload` checked exactly as `decode` checks it (same `CodecError`s), kept in the form an
+    aggregator reads: a quantized payload as a `QuantizedRow` (1 byte a value, or 2 per 4-bit
+    pair unpacked, instead of 4), an fp32 one as a read-only float32 vector over its body."""
     header, frame = _split(payload)
     mode, block = _check_header(header, expected_numel, modes, block_size)
     body = _inflate(frame, _body_length(mode, expected_numel, block))
     if mode == "fp32":
         values = np.frombuffer(body, dtype="<f4")
-        values = values.astype(np.float32) if out is None else _copied(values, out)
+        if values.dtype != np.float32:  # a big-endian machine
+            values = values.astype(np.float32)
         if not np.isfinite(values).all():
             raise CodecError("not-finite", "fp32 payload holds NaN or infinite values")
         return values
@@ -191,7 +208,55 @@ def decode(
     codes = _unpack_nibbles(raw, expected_numel) if mode == "int4" else raw
     if codes.size and codes.min() < -_LEVELS[mode]:
         raise CodecError("bad-code", f"{mode} code outside −{_LEVELS[mode]}..{_LEVELS[mode]}")
-    return _dequantize(codes, scales, block, out)
+    return QuantizedRow(codes, scales, block)
+
+
+class QuantizedRow:
+    """A decoded quantized payload held as its codes and float32 block scales.
+
+    Slicing it (`row[start:stop]`) gives the float32 values of that range, computed for the
+    range alone: the same bits `decode` gives (int8 → float32 is exact, then one rounded
+    multiply by the block's scale). The aggregators read their rows slab by slab, so a
+    round's contributions cost one byte a value while they are aggregated, not four.
+    """
+
+    __slots__ = ("codes", "scales", "block", "size")
+
+    def __init__(self, codes: np.ndarray, scales: np.ndarray, block: int) -> None:
+        self.codes, self.scales, self.block, self.size = codes, scales, block, codes.size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, key: slice) -> np.ndarray:
+        if not isinstance(key, slice):
+            raise TypeError("a QuantizedRow is read by slices")
+        start, stop, step = key.indices(self.size)
+        if step != 1:
+            raise ValueError("a QuantizedRow is read by contiguous slices")
+        return self.dequantize(start, max(start, stop))
+
+    def __array__(self, dtype: object = None, copy: object = None) -> np.ndarray:
+        values = self.dequantize(0, self.size)
+        return values if dtype is None else values.astype(dtype, copy=False)
+
+    def dequantize(self, start: int, stop: int, out: np.ndarray | None = None) -> np.ndarray:
+        """The float32 values of [start, stop), into `out` (stop − start values) or a new array."""
+        out = np.empty(stop - start, dtype=np.float32) if out is None else out
+        block, position = self.block, start
+        while position < stop:
+            first = position // block
+            if position % block == 0 and stop - position >= block:  # whole blocks: one broadcast multiply
+                rows = (stop - position) // block
+                end = position + rows * block
+                np.multiply(self.codes[position:end].reshape(rows, block), self.scales[first : first + rows, None],
+                            out=out[position - start : end - start].reshape(rows, block), dtype=np.float32)
+            else:  # the part of one block at either end of the range
+                end = min(stop, (first + 1) * block)
+                np.multiply(self.codes[position:end], self.scales[first], out=out[position - start : end - start],
+                            dtype=np.float32)
+            position = end
+        return out
 
 
 def non_finite_payload(mode: str, value: float, numel: int, *, block_size: int = DEFAULT_BLOCK) -> bytes:
@@ -338,18 +403,4 @@ def _unpack_nibbles(packed: np.ndarray, numel: int) -> np.ndarray:
 
 def _copied(values: np.ndarray, out: np.ndarray) -> np.ndarray:
     np.copyto(out, values)
-    return out
-
-
-def _dequantize(codes: np.ndarray, scales: np.ndarray, block: int, out: np.ndarray | None = None) -> np.ndarray:
-    """codes × their block's float32 scale: int8 → float32 is exact, then one rounded multiply."""
-    numel = codes.size
-    out = np.empty(numel, dtype=np.float32) if out is None else out
-    whole = numel // block * block
-    if whole:
-        rows = whole // block
-        shape = (rows, block)
-        np.multiply(codes[:whole].reshape(shape), scales[:rows, None], out=out[:whole].reshape(shape), dtype=np.float32)
-    if whole < numel:
-        np.multiply(codes[whole:], scales[-1], out=out[whole:], dtype=np.float32)
     return out

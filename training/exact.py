@@ -157,6 +157,14 @@ def _one_vector_sum(source: np.ndarray, terms_of) -> float:
     return sums.finish()[0]
 
 
+def read_slab(vector: np.ndarray, start: int, stop: int, scratch: np.ndarray) -> np.ndarray:
+    """vector[start:stop] as float32 values: a view of a float32 array, or a row held in another
+    form (`codec.QuantizedRow`) dequantized into `scratch` (stop − start values)."""
+    if isinstance(vector, np.ndarray):
+        return vector[start:stop]
+    return vector.dequantize(start, stop, scratch)
+
+
 def squared_distances(rows: Sequence[np.ndarray], center: np.ndarray) -> list[float]:
     """‖rows[i] − center‖² for every row, each difference and square a float32 op, summed by `fixed_sum`.
 
@@ -164,11 +172,13 @@ def squared_distances(rows: Sequence[np.ndarray], center: np.ndarray) -> list[fl
     `squared_norm(np.subtract(row, center, dtype=float32))`.
     """
     sums = LaneSums(len(rows))
-    diff = np.empty((len(rows), SLAB), dtype=F32)
+    diff = np.empty((len(rows) + 1, SLAB), dtype=F32)  # the last row holds the centre's slab
     for start, stop in slabs(center.size):
         part = diff[:, : stop - start]
+        middle = read_slab(center, start, stop, part[-1])
         for i, row in enumerate(rows):
-            np.subtract(row[start:stop], center[start:stop], out=part[i])
+            np.subtract(read_slab(row, start, stop, part[i]), middle, out=part[i])
+        part = part[:-1]
         sums.add_squares(part)
     return sums.finish()
 
@@ -183,7 +193,7 @@ def linear_combination(
     made +0.0.
     """
     out = np.empty(vectors[0].size, dtype=F32) if out is None else out
-    for start, stop, combined, _ in _combination_by_slab(vectors, weights, scratch_rows=0):
+    for start, stop, combined, _ in _combination_by_slab(vectors, weights, read_all=False):
         out[start:stop] = combined
     return out
 
@@ -197,25 +207,37 @@ def combination_dots(vectors: Sequence[np.ndarray], weights: Sequence[float]) ->
     """
     k = len(vectors)
     sums = LaneSums(k + 1)
-    for start, stop, combined, scratch in _combination_by_slab(vectors, weights, scratch_rows=k + 1):
-        for i, vector in enumerate(vectors):
-            np.multiply(vector[start:stop], combined, out=scratch[i])
-        np.multiply(combined, combined, out=scratch[k])
-        sums.add(scratch[: k + 1])
+    scratch = np.empty((k + 1, SLAB), dtype=F32)
+    for start, stop, combined, values in _combination_by_slab(vectors, weights, read_all=True):
+        products = scratch[:, : stop - start]
+        for i, value in enumerate(values):
+            np.multiply(value, combined, out=products[i])
+        np.multiply(combined, combined, out=products[k])
+        sums.add(products)
     return sums.finish()
 
 
-def _combination_by_slab(vectors: Sequence[np.ndarray], weights: Sequence[float], *, scratch_rows: int):
-    """Yield (start, stop, the combination's slab, a (scratch_rows, slab) scratch block) slab by slab."""
-    terms = [(vector, F32(w)) for vector, w in zip(vectors, weights, strict=True) if w != 0.0]
-    block = np.empty((max(1, len(terms), scratch_rows), SLAB), dtype=F32)
+def _combination_by_slab(vectors: Sequence[np.ndarray], weights: Sequence[float], *, read_all: bool):
+    """Yield (start, stop, the combination's slab, the vectors' slabs as float32) slab by slab.
+    Each vector is read once per slab (a quantized row dequantized once); with `read_all` False
+    only those with a weight other than 0 are read (the others' slabs are None)."""
+    weights32 = [F32(w) for w in weights]
+    if len(weights32) != len(vectors):
+        raise ValueError("one weight per vector")
+    used = [i for i, w in enumerate(weights) if w != 0.0]
+    wanted = range(len(vectors)) if read_all else used
+    read = np.empty((len(vectors), SLAB), dtype=F32)
+    products = np.empty((max(1, len(used)), SLAB), dtype=F32)
     combined = np.empty(SLAB, dtype=F32)
     for start, stop in slabs(vectors[0].size):
-        part, here = block[:, : stop - start], combined[: stop - start]
-        for row, (vector, weight) in zip(part, terms):
-            np.multiply(vector[start:stop], weight, out=row)
-        np.add.reduce(part[: len(terms)], axis=0, dtype=F32, out=here)  # row after row; no terms: zeros
-        yield start, stop, canonical_zeros(here, out=here), part
+        values: list[np.ndarray | None] = [None] * len(vectors)
+        for i in wanted:
+            values[i] = read_slab(vectors[i], start, stop, read[i, : stop - start])
+        part, here = products[:, : stop - start], combined[: stop - start]
+        for row, i in zip(part, used):
+            np.multiply(values[i], weights32[i], out=row)
+        np.add.reduce(part[: len(used)], axis=0, dtype=F32, out=here)  # row after row; no terms: zeros
+        yield start, stop, canonical_zeros(here, out=here), values
 
 
 def canonical_zeros(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
@@ -231,12 +253,13 @@ def mean_rows(rows: Sequence[np.ndarray], out: np.ndarray | None = None) -> np.n
     """(rows[0] + rows[1] + ... ) / len(rows) in float32, added in the given order, divided once."""
     if not rows:
         raise ValueError("mean of no rows")
-    out = np.empty_like(rows[0]) if out is None else out
+    out = np.empty(rows[0].size, dtype=F32) if out is None else out
+    scratch = np.empty(min(SLAB, rows[0].size), dtype=F32)
     for start, stop in slabs(rows[0].size):
-        acc = out[start:stop]
-        np.add(rows[0][start:stop], F32(0.0), out=acc)
+        acc, read = out[start:stop], scratch[: stop - start]
+        np.add(read_slab(rows[0], start, stop, read), F32(0.0), out=acc)
         for row in rows[1:]:
-            np.add(acc, row[start:stop], out=acc)
+            np.add(acc, read_slab(row, start, stop, read), out=acc)
         np.divide(acc, F32(len(rows)), out=acc)
     return out
 

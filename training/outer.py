@@ -2,9 +2,10 @@
 
 One call to `OuterStep.step` does, in this order:
 
-1. decode and validate every payload (`codec.decode`: header, sizes, finite
+1. decode and validate every payload (`codec.decode_row`: header, sizes, finite
    bounded scales, codes in range); a bad one is set aside with its author and
-   its `CodecError`, it never raises out;
+   its `CodecError`, it never raises out. A quantized payload stays codes and
+   scales (`QuantizedRow`), dequantized slab by slab as the aggregator reads it;
 2. put the accepted contributions in the order of their authors' keys;
 3. aggregate them robustly (`aggregators.aggregate`, CenteredClip by default,
    centred on the previous round's aggregate);
@@ -30,12 +31,13 @@ from typing import Any
 import numpy as np
 
 from . import aggregators, exact
-from .codec import DEFAULT_BLOCK, FP16_MAX, CodecError, decode
+from .codec import DEFAULT_BLOCK, FP16_MAX, CodecError, QuantizedRow, decode_row
 from .exact import F32, params_hash
 
 __all__ = ["EmptyRoundError", "OuterConfig", "OuterResult", "OuterStep", "params_hash"]
 
 Author = bytes | str
+Row = np.ndarray | QuantizedRow
 
 
 @dataclass(frozen=True)
@@ -120,8 +122,6 @@ class OuterStep:
         self.theta = np.array(exact.as_flat_f32(theta, what="theta"), copy=True)
         self.momentum = self._state_vector(momentum_buffer, "momentum buffer")
         self.previous = None if previous_aggregate is None else self._state_vector(previous_aggregate, "previous aggregate")
-        self._rows: list[np.ndarray] = []  # decode buffers, kept across rounds: a fresh 4·numel-byte
-        # allocation per contribution per round costs page faults comparable to the decode itself
         self._spares = SpareVectors()  # state arrays this step has replaced, for reuse
 
     @property
@@ -170,25 +170,21 @@ class OuterStep:
             options["f"] = max(0, options["f"] - rejected)
         return options
 
-    def _decode_all(self, payloads: Mapping[Author, bytes]) -> tuple[dict[Author, np.ndarray], dict[Author, CodecError]]:
+    def _decode_all(self, payloads: Mapping[Author, bytes]) -> tuple[dict[Author, Row], dict[Author, CodecError]]:
+        """Every payload checked and decoded into the row the aggregator reads (`codec.decode_row`:
+        a quantized payload stays one byte a value), or set aside with its `CodecError`."""
         decoded, rejected = {}, {}
-        while len(self._rows) < len(payloads):
-            self._rows.append(np.empty(self.numel, dtype=F32))
-        free = iter(self._rows)
-        row = next(free, None)
         for author, payload in payloads.items():
             try:
-                decoded[author] = decode(
+                decoded[author] = decode_row(
                     payload,
                     self.numel,
                     modes=(self.config.codec,),
                     block_size=None if self.config.codec == "fp32" else self.config.block_size,
                     max_scale=self.config.max_scale,
-                    out=row,
                 )
-                row = next(free, None)
             except CodecError as error:
-                rejected[author] = error  # its row is reused by the next payload
+                rejected[author] = error
         return decoded, rejected
 
     def _cap(self, g: np.ndarray) -> tuple[np.ndarray, float, bool]:
