@@ -15,8 +15,11 @@ Rows give the median over daemons and rounds (round 1 is left out: it includes s
 target is at most half the time of hivemind 1.1.12's all-reduce (no robust aggregation) for as
 many peers on the same machine (its figures: README, Measured figures).
 
-Bytes: each daemon's payloads per round, the upload of the allgather ((N-1) fetches of each
-payload), and what data-parallel training sends for the same samples (4 bytes x params per step).
+Bytes: each daemon's payload per round; what each daemon actually downloaded (payload bytes,
+`bytes_fetched` of its round records) and uploaded (manifests and chunks its checkpoint service
+answered, over the rounds measured and round 1: `bytes_served` / rounds) per round, median and
+max over daemons; and what data-parallel training sends for the same samples (4 bytes x params
+per step). Memory: each daemon's peak RSS (VmHWM) at the end, median and max.
 
     .venv/bin/python bench/round_exchange.py [--nodes 4,8] [--rounds 4] [--params 25M]
 """
@@ -38,6 +41,14 @@ from locomesh.cli.swarm_cmd import create_run, join_all, start_swarm, stop_swarm
 MODELS = {"25M": {"d_model": 592, "n_layer": 6, "n_head": 8, "context": 32}, "small": {}}
 
 
+def peak_rss_mb(pid: int) -> float:
+    """The peak resident set size of process `pid` so far (Linux: VmHWM), in MB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024 / 1e6
+    raise RuntimeError(f"no VmHWM for process {pid}")
+
+
 def measure(nodes: int, rounds: int, inner_steps: int, model: dict) -> dict:
     with tempfile.TemporaryDirectory(prefix="locomesh-bench-") as scratch:
         daemons = start_swarm(Path(scratch), nodes, log=subprocess.DEVNULL)
@@ -50,11 +61,16 @@ def measure(nodes: int, rounds: int, inner_steps: int, model: dict) -> dict:
             started = time.monotonic()
             statuses = train(daemons, run_id, rounds, timeout=rounds * 600.0)
             wall = time.monotonic() - started
+            served = [daemon.rpc().call("node.status")["checkpoints"].get("bytes_served") for daemon in daemons]
+            peaks = [peak_rss_mb(daemon.pid) for daemon in daemons]
         finally:
             stop_swarm(daemons)
     records = [r for s in statuses for r in s["history"] if r["round"] > 1 and r["exchange_seconds"] is not None]
     payload = statistics.median(r["payload_bytes"] for r in records)
     params = statuses[0]["params"]
+    # None where the daemons predate the byte counts (a run of older code, back to back)
+    down = [sum(r.get("bytes_fetched") or 0 for r in s["history"]) / rounds for s in statuses]
+    up = [(total or 0) / rounds for total in served]
     return {
         "nodes": nodes,
         "params": params,
@@ -65,7 +81,12 @@ def measure(nodes: int, rounds: int, inner_steps: int, model: dict) -> dict:
         "aggregate_s_median": round(statistics.median(r["aggregate_seconds"] for r in records), 3),
         "round_s_median": round(statistics.median(r["seconds"] for r in records), 3),
         "payload_MB": round(payload / 1e6, 3),
-        "upload_MB_per_round": round(payload * (nodes - 1) / 1e6, 3),
+        "down_MB_per_round": round(statistics.median(down) / 1e6, 2),
+        "down_MB_max": round(max(down) / 1e6, 2),
+        "up_MB_per_round": round(statistics.median(up) / 1e6, 2),
+        "up_MB_max": round(max(up) / 1e6, 2),
+        "peak_rss_MB": round(statistics.median(peaks)),
+        "peak_rss_MB_max": round(max(peaks)),
         "ddp_MB_per_round": round(4 * params * inner_steps / 1e6, 3),
         "wall_s": round(wall, 1),
     }

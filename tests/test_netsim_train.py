@@ -67,7 +67,10 @@ def test_delayed_updates_overlap_training_with_the_exchange():
     assert len(delayed["hashes"]) == 8 and len(set(delayed["hashes"].values())) == 1
     assert delayed["summary"]["nodes that reached the last round"] == 8
     round_times = [row[3] for row in delayed["tables"][0]["rows"][1:]]
-    assert all(compute <= seconds < compute + 1.0 for seconds in round_times), round_times
+    # One certificate may come less than `compute` after the one before (that round's training
+    # started ahead, before it), but the rounds cannot outrun the compute on average.
+    assert all(seconds < compute + 1.0 for seconds in round_times), round_times
+    assert sum(round_times) / len(round_times) >= compute - 0.5, round_times
     # Without the overlap at most 3 x 6 s of compute in 3 x (6 + 2) s: a share of 0.75.
     assert delayed["summary"]["compute share min"] > 0.78  # 0.82 measured
 

@@ -27,6 +27,8 @@ from .checkpoint_manifest import ManifestLimits
 if TYPE_CHECKING:
     from .participant import Contribution, StateSnapshot
 
+PAYLOAD_TENSOR = "payload"  # a payload travels as a checkpoint of one uint8 tensor of its bytes, by this name
+
 
 @runtime_checkable
 class TrainingSettings(Protocol):

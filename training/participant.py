@@ -40,6 +40,7 @@ import numpy as np
 
 from .attacks import AttackView, get_attack
 from .checkpoint_manifest import Manifest, ManifestLimits, TensorSpec
+from .contract import PAYLOAD_TENSOR
 from .codec import Encoder, decode, max_payload_size, non_finite_payload
 from .flat import flatten, unflatten_into
 from .inner import InnerConfig, Worker
@@ -50,7 +51,6 @@ from .state_format import layout_raw_size
 from .tasks import Task
 
 STATE_TENSORS = ("theta", "momentum", "previous")
-PAYLOAD_TENSOR = "payload"  # a payload travels as a checkpoint of one uint8 tensor of its bytes
 
 
 @dataclass(frozen=True)

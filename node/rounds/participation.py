@@ -9,7 +9,8 @@ else:
   of its own instead (`_training`): once round r's payload is made, round r+1's inner steps start
   at once, from `Participant.delayed_start` (a `TrainingAhead`), while round r is exchanged, aggregated
   and certified; when the machine then starts round r+1, its payload is (nearly) ready;
-- payloads travel as content-addressed checkpoints (`payloads`); commits, proposals, votes,
+- payloads travel as content-addressed checkpoints, the others' held in memory (`payloads`);
+  commits, proposals, votes,
   timeouts and checkpoint attestations are CRDT ops (`CrdtService.write`);
 - the round's state stewards store each new state, every voter attests it, and a sync loads the
   certified one (`states`).
@@ -39,7 +40,8 @@ from locomesh.node.rounds import machine as rm
 from locomesh.node.rounds.payloads import PayloadExchange
 from locomesh.node.rounds.states import StateKeeper
 from locomesh.node.rounds.status import waiting_on
-from locomesh.node.transfer.download import Offload
+from locomesh.node.transfer.download import DownloadProgress, Offload
+from locomesh.node.transfer.held import HeldCheckpoints
 from locomesh.node.rounds.work import RoundRecord, RoundWork, TrainingAhead
 from locomesh.node.peer_scores import PeerScores
 from locomesh.node.replication.service import CrdtService
@@ -59,7 +61,9 @@ class RunParticipation:
 
     def __init__(self, node: Node, crdt: CrdtService, replica: Replica, participant: RoundParticipant,
                  checkpoint_dir: Path, scores: PeerScores, *, timing: rm.Timing, compute: Compute = trio.to_thread.run_sync,
-                 offload: Offload = trio.to_thread.run_sync) -> None:
+                 offload: Offload = trio.to_thread.run_sync, held: HeldCheckpoints | None = None) -> None:
+        """`held`: where fetched payloads are kept, the checkpoint service's (`CheckpointService.held`)
+        so that it serves them on; without it they are kept apart and served by nobody."""
         self.node = node
         self.crdt = crdt
         self.replica = replica
@@ -86,7 +90,8 @@ class RunParticipation:
         self._events_in, self._events = trio.open_memory_channel[rm.Event](math.inf)
         self._news: trio.CancelScope | None = None
         self._nursery: trio.Nursery | None = None
-        self.payloads = PayloadExchange(node, replica, participant, checkpoint_dir, scores, machine=self.machine,
+        held = held if held is not None else HeldCheckpoints()
+        self.payloads = PayloadExchange(node, replica, participant, checkpoint_dir, held, scores, machine=self.machine,
                                         offload=offload, connected=self._connected, other_members=self._other_members)
         self.states = StateKeeper(node, crdt, replica, participant, checkpoint_dir, scores, compute=compute,
                                   compute_lock=self._compute, offload=offload, other_members=self._other_members)
@@ -103,6 +108,7 @@ class RunParticipation:
             logger.error("run %s: training stopped: %s", short_run_id(self.run_id), self.failure)
         finally:
             self.replica.listeners.remove(self._on_news)
+            self.payloads.release_before(None)
 
     async def _loop(self) -> None:
         async with trio.open_nursery() as nursery:
@@ -326,7 +332,11 @@ class RunParticipation:
     async def _fetch(self, work: RoundWork, author: bytes, payload_id: bytes, size: int) -> None:
         """Fetch one payload (`PayloadExchange.fetch`) and tell the machine how it went."""
         started = trio.current_time()
-        payload = await self.payloads.fetch(work.round, author, payload_id, size)
+        progress = DownloadProgress(payload_id)
+        try:
+            payload = await self.payloads.fetch(work.round, author, payload_id, size, progress)
+        finally:
+            work.bytes_fetched += progress.bytes_fetched
         if payload is not None:
             work.payloads[author] = payload
             work.arrived[author] = trio.current_time()
@@ -371,6 +381,7 @@ class RunParticipation:
             async with self._compute:
                 evaluation = await self.compute(self.participant.evaluate)
         self.history.append(RoundRecord.of(done, work, evaluation, now))
+        self.payloads.release_before(done.round)  # the round just done's stay a round, for peers replaying it
         await self.offload(self.states.forget_old_rounds, done.round)
 
     def _other_members(self, exclude: bytes | None = None) -> list[str]:

@@ -1,10 +1,12 @@
 """The round's payloads: ours stored for the others, theirs fetched, every size checked first.
 
-A payload travels as a content-addressed checkpoint in the node's store, so the checkpoint service
-serves it (over its authenticated data plane) and any peer that fetched a payload can serve it on:
-the exchange is a multi-source download, verified chunk by chunk against the ID its author
-committed to in the CRDT, after the commit's size and the manifest were checked against what a
-payload of the run can be (`Participant.payload_limits`).
+A payload travels as a content-addressed checkpoint, so the checkpoint service serves it (over
+its authenticated data plane) and any peer that fetched a payload can serve it on: the exchange
+is a multi-source download, verified chunk by chunk against the ID its author committed to in
+the CRDT, after the commit's size and the manifest were checked against what a payload of the
+run can be (`Participant.payload_limits`). Ours goes to the node's store (after a crash we must
+contribute the same payload again); the others' stay in memory (`HeldCheckpoints`), are served
+on from there, and are released a round after theirs ended.
 
 A fetch keeps trying while FETCH_TIMEOUT lasts: a provider that is busy, or a payload only its
 author has so far, is a reason to wait, not to leave it out (a peer that leaves out what the
@@ -31,8 +33,11 @@ from locomesh.crdt import Replica
 from locomesh.node.rounds.machine import RoundMachine
 from locomesh.node.runtime import Node
 from locomesh.node.transfer.download import REFUSED, DownloadError, DownloadProgress, Offload, download_checkpoint
+from locomesh.node.transfer.held import HeldCheckpoints
 from locomesh.node.transfer.store import load_checkpoint, write_checkpoint
 from locomesh.protocol import peer_id_from_public_key
+from locomesh.training.checkpoint_manifest import CheckpointError
+from locomesh.training.contract import PAYLOAD_TENSOR
 
 logger = logging.getLogger(__name__)
 
@@ -45,18 +50,18 @@ STALL_POLL_SECONDS = 0.5
 class PayloadExchange:
     """Our payloads into the store, the others' out of the network, for one run."""
 
-    def __init__(self, node: Node, replica: Replica, participant: Any, directory: Path, scores: Any, *,
-                 machine: RoundMachine, offload: Offload, connected: Callable[[bytes], bool],
+    def __init__(self, node: Node, replica: Replica, participant: Any, directory: Path, held: HeldCheckpoints,
+                 scores: Any, *, machine: RoundMachine, offload: Offload, connected: Callable[[bytes], bool],
                  other_members: Callable[[bytes | None], list[str]]) -> None:
         self.node, self.replica, self.run_id = node, replica, replica.run_id
-        self.participant, self.directory, self.scores = participant, directory, scores
+        self.participant, self.directory, self.held, self.scores = participant, directory, held, scores
         self.machine, self.offload = machine, offload
         self.connected, self.other_members = connected, other_members
         self.me = node.identity.public_key
 
     def store(self, round_number: int, payload: bytes) -> Any:
         """Write our payload for `round_number` to the store (blocking: run it offloaded); its manifest."""
-        tensors = {"payload": np.frombuffer(payload, dtype=np.uint8)}
+        tensors = {PAYLOAD_TENSOR: np.frombuffer(payload, dtype=np.uint8)}
         return write_checkpoint(self.directory, tensors, {"round": round_number, "run": self.run_id, "kind": "payload"})
 
     async def committed_before(self, round_number: int) -> Any:
@@ -78,15 +83,22 @@ class PayloadExchange:
         logger.info("round %d: contributing the payload we committed to before a restart", round_number)
         return SimpleNamespace(payload=payload, train_loss=None, seconds=0.0)  # what training hands back
 
-    async def fetch(self, round_number: int, author: bytes, payload_id: bytes, size: int) -> bytes | None:
-        """The payload `author` committed to for `round_number`, or None (see the module docstring)."""
+    def release_before(self, round_number: int | None = None) -> int:
+        """Drop the held payloads of this run's rounds before `round_number` (all of them if None)."""
+        return self.held.release(lambda manifest: manifest.run == self.run_id
+                                 and (round_number is None or manifest.round < round_number))
+
+    async def fetch(self, round_number: int, author: bytes, payload_id: bytes, size: int,
+                    progress: DownloadProgress | None = None) -> memoryview | None:
+        """The payload `author` committed to for `round_number`, or None (see the module docstring).
+        `progress` shows what was fetched, by every try."""
         try:
             limits = self.participant.payload_limits(self.run_id, round_number, size)
         except ValueError as error:  # a bad commit: no payload of this run is that size, so nothing is fetched
             logger.warning("round %d: the commit of %s is bad: %s", round_number, peer_id_from_public_key(author), error)
             return None
         payload = None
-        progress = DownloadProgress(payload_id)  # kept across tries: its byte count shows a stall
+        progress = progress or DownloadProgress(payload_id)  # kept across tries: its byte count shows a stall
         with trio.move_on_after(min(FETCH_TIMEOUT, self.machine.timing.round_deadline / 4)):
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._give_up_when_stalled, round_number, progress, nursery.cancel_scope)
@@ -121,21 +133,36 @@ class PayloadExchange:
             await trio.sleep_until(max(min(cutoff, now + stall), since + stall, now + STALL_POLL_SECONDS))
 
     async def _download(self, round_number: int, author: bytes, payload_id: bytes, limits: Any,
-                        progress: DownloadProgress) -> bytes | None:
+                        progress: DownloadProgress) -> memoryview | None:
         providers = [peer_id_from_public_key(author), *self.other_members(author)]
         try:
             await download_checkpoint(self.node, self.directory, payload_id, providers, scores=self.scores,
-                                      progress=progress, offload=self.offload, limits=limits)
+                                      progress=progress, offload=self.offload, limits=limits, held=self.held)
         except REFUSED:
             raise
         except (DownloadError, OSError, ValueError) as error:
             logger.info("round %d: payload of %s not fetched: %s", round_number, peer_id_from_public_key(author), error)
             return None
-        data = await self._stored(round_number, payload_id, limits)
+        data = await self._held(round_number, payload_id, limits)
         if data is None:
             logger.warning("round %d: the payload %s committed by %s is not a payload of this round",
                            round_number, payload_id.hex()[:12], peer_id_from_public_key(author))
         return data
+
+    async def _held(self, round_number: int, payload_id: bytes, limits: Any) -> memoryview | None:
+        """The payload `payload_id` of this run's round `round_number`, held in memory whole, inflated
+        once (its bytes are a view into that buffer); None if it is no such payload."""
+        held = self.held.complete(payload_id)
+        if held is None:
+            return None
+        try:
+            arrays, metadata = await self.offload(held.arrays, limits)
+        except CheckpointError:
+            return None
+        payload = arrays.get(PAYLOAD_TENSOR)
+        if metadata.get("round") != round_number or metadata.get("run") != self.run_id or payload is None:
+            return None
+        return memoryview(payload)
 
     async def _stored(self, round_number: int, payload_id: bytes, limits: Any) -> bytes | None:
         """The payload `payload_id` of this run's round `round_number` from our store; None if it
@@ -144,7 +171,7 @@ class PayloadExchange:
             tensors, metadata = await self.offload(load_checkpoint, self.directory, payload_id, limits)
         except (OSError, ValueError):
             return None
-        payload = tensors.get("payload")
+        payload = tensors.get(PAYLOAD_TENSOR)
         if metadata.get("round") != round_number or metadata.get("run") != self.run_id or payload is None:
             return None
         return payload.numpy().tobytes()

@@ -127,7 +127,7 @@ class RoundService:
         first = self._write_join(replica)
         participation = RunParticipation(
             self._node, self.crdt, replica, participant, self.checkpoints.directory, self.checkpoints.scores,
-            timing=timing, compute=self.compute, offload=self.offload,
+            timing=timing, compute=self.compute, offload=self.offload, held=self.checkpoints.held,
         )
         scope = trio.CancelScope()
         self.participations[replica.run_id] = (participation, scope)

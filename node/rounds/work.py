@@ -31,6 +31,7 @@ class RoundRecord:
     eval_loss: float | None
     floor: float | None
     payload_bytes: int
+    bytes_fetched: int | None  # payload bytes we downloaded for the round (None: synced)
     seconds: float  # from the start of our training to the round's certificate
     train_seconds: float | None  # the inner steps of the payload we committed, if we did (synced rounds too)
     exchange_seconds: float | None  # last counted commit seen -> aggregate computed (fetch + aggregation)
@@ -53,6 +54,7 @@ class RoundRecord:
             train_loss=None if mine is None else mine.train_loss,
             eval_loss=evaluation["loss"], floor=evaluation["floor"],
             payload_bytes=0 if mine is None else mine.payload_size,
+            bytes_fetched=None if mine is None else mine.bytes_fetched,
             seconds=0.0 if mine is None else now - mine.started,
             train_seconds=None if ours is None else ours.train_seconds,
             exchange_seconds=None if mine is None else mine.exchange_seconds,
@@ -73,7 +75,8 @@ class RoundWork:
     train_loss: float | None = None
     train_seconds: float | None = None
     committed: bool = False
-    payloads: dict[bytes, bytes] = field(default_factory=dict)  # author -> payload bytes
+    payloads: dict[bytes, bytes | memoryview] = field(default_factory=dict)  # author -> payload bytes
+    bytes_fetched: int = 0  # payload bytes downloaded (whether or not their payload came whole)
     arrived: dict[bytes, float] = field(default_factory=dict)  # author -> when its payload was in hand
     exchange_seconds: float | None = None
     fetch_seconds: float | None = None

@@ -8,7 +8,8 @@ one stream to its provider (`ProviderSession`), asks the schedule for a chunk,
 fetches it, verifies and stores it (`store_chunk`, in a thread: hashing and
 fsync are not for the event loop), and reports the outcome. When every chunk
 is stored, the manifest is written last, atomically: only then can the
-checkpoint be loaded.
+checkpoint be loaded. A round's payloads go to memory instead (`held`,
+`HeldCheckpoints`): the same verification, no file.
 
 A caller that knows what the checkpoint may be (a payload or a state of its run) passes
 `ManifestLimits`: the manifest is checked against them the moment it is read, before any chunk
@@ -41,6 +42,7 @@ from locomesh.training.checkpoint_manifest import (
 
 from locomesh.node.transfer import wire as wire
 from locomesh.node.transfer.dataplane import SealedStream, open_sealed_stream
+from locomesh.node.transfer.held import HeldCheckpoints
 from locomesh.node.transfer.store import install_manifest, missing_chunks, read_stored_manifest, store_chunk
 from locomesh.node.transfer.schedule import DownloadSchedule, Outcome
 from locomesh.node.peer_scores import PeerScores
@@ -277,16 +279,19 @@ async def download_checkpoint(
     transport: str = "auto",
     offload: Offload = trio.to_thread.run_sync,
     limits: ManifestLimits | None = None,
+    held: HeldCheckpoints | None = None,
 ) -> Manifest:
-    """Download checkpoint `checkpoint_id` into the store at `directory` from `providers`; return its manifest.
+    """Download checkpoint `checkpoint_id` from `providers` into the store at `directory`, or into
+    memory (`held`) when given; return its manifest.
 
     Raises `DownloadError` when it cannot finish; chunks already verified stay
-    stored, so a later call resumes. Cancelling it leaves the store consistent.
+    stored (or held), so a later call resumes. Cancelling it leaves the store consistent.
     With `limits`, a checkpoint whose manifest breaks them raises `CheckpointRefused`
     before any chunk is fetched, and its provider is struck.
     """
     progress.started_at = trio.current_time()
-    local = await offload(_installed_manifest, directory, checkpoint_id)
+    sink = _StoreSink(directory, offload) if held is None else _HeldSink(held, offload)
+    local = await sink.installed(checkpoint_id)
     if local is not None:
         _check_limits(local, limits)
         progress.state, progress.chunks_total, progress.done_at = "done", len(local.chunks), trio.current_time()
@@ -298,13 +303,13 @@ async def download_checkpoint(
     }
     try:
         manifest = await _fetch_manifest(sessions, checkpoint_id, scores, limits)
-        missing = await offload(missing_chunks, directory, manifest)
+        missing = await sink.missing(manifest)
         progress.state, progress.chunks_total = "chunks", len(manifest.chunks)
         progress.chunks_stored = len(manifest.chunks) - len(missing)
         wanted = {index: manifest.chunks[index].size for index in missing}
         schedule = DownloadSchedule(wanted, list(sessions), max_window=max_window)
-        await _ChunkFetcher(directory, manifest, schedule, sessions, scores, progress, offload).run()
-        await offload(_install, directory, manifest)
+        await _ChunkFetcher(sink, manifest, schedule, sessions, scores, progress).run()
+        await sink.install(manifest)
         progress.state, progress.done_at = "done", trio.current_time()
         return manifest
     finally:
@@ -351,6 +356,46 @@ def _check_limits(manifest: Manifest, limits: ManifestLimits | None) -> None:
         raise CheckpointRefused(manifest.id, error) from None
 
 
+class _StoreSink:
+    """Where a download puts what it fetched: the chunk store at `directory` (blocking work offloaded)."""
+
+    def __init__(self, directory: Path, offload: Offload) -> None:
+        self.directory, self.offload = directory, offload
+
+    async def installed(self, checkpoint_id: bytes) -> Manifest | None:
+        return await self.offload(_installed_manifest, self.directory, checkpoint_id)
+
+    async def missing(self, manifest: Manifest) -> list[int]:
+        return await self.offload(missing_chunks, self.directory, manifest)
+
+    async def store(self, manifest: Manifest, index: int, data: bytes) -> None:
+        await self.offload(store_chunk, self.directory, manifest, index, data)
+
+    async def install(self, manifest: Manifest) -> None:
+        await self.offload(_install, self.directory, manifest)
+
+
+class _HeldSink:
+    """Where a download puts what it fetched: memory (`HeldCheckpoints`); hashing is offloaded."""
+
+    def __init__(self, held: HeldCheckpoints, offload: Offload) -> None:
+        self.held, self.offload = held, offload
+
+    async def installed(self, checkpoint_id: bytes) -> Manifest | None:
+        complete = self.held.complete(checkpoint_id)
+        return None if complete is None else complete.manifest
+
+    async def missing(self, manifest: Manifest) -> list[int]:
+        return self.held.hold(manifest).missing()
+
+    async def store(self, manifest: Manifest, index: int, data: bytes) -> None:
+        await self.offload(self.held.hold(manifest).store, index, data)
+
+    async def install(self, manifest: Manifest) -> None:
+        if self.held.complete(manifest.id) is None:
+            raise DownloadError(f"chunks of {manifest.id.hex()[:16]} were released before the download ended")
+
+
 def _installed_manifest(directory: Path, checkpoint_id: bytes) -> Manifest | None:
     """The manifest of `checkpoint_id` if it is installed here with all its chunks, else None."""
     try:
@@ -372,11 +417,11 @@ class _ChunkFetcher:
     """The workers of one download, and the event that wakes them when the schedule changes."""
 
     def __init__(
-        self, directory: Path, manifest: Manifest, schedule: DownloadSchedule,
-        sessions: dict[str, ProviderSession], scores: PeerScores, progress: DownloadProgress, offload: Offload,
+        self, sink: _StoreSink | _HeldSink, manifest: Manifest, schedule: DownloadSchedule,
+        sessions: dict[str, ProviderSession], scores: PeerScores, progress: DownloadProgress,
     ) -> None:
-        self.directory, self.manifest, self.schedule = directory, manifest, schedule
-        self.sessions, self.scores, self.progress, self.offload = sessions, scores, progress, offload
+        self.sink, self.manifest, self.schedule = sink, manifest, schedule
+        self.sessions, self.scores, self.progress = sessions, scores, progress
         self._changed = trio.Event()
         self._requests: dict[tuple[str, int], trio.CancelScope] = {}  # (provider, chunk) -> its request
 
@@ -456,7 +501,7 @@ class _ChunkFetcher:
         if reply.status != wire.OK:
             return Outcome.BUSY if reply.status == wire.BUSY else Outcome.NOT_FOUND
         try:
-            await self.offload(store_chunk, self.directory, self.manifest, index, reply.payload)
+            await self.sink.store(self.manifest, index, reply.payload)
         except CheckpointError as error:
             return self._bad(peer, index, error.reason)
         self.progress.chunks_fetched += 1

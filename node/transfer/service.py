@@ -3,10 +3,11 @@
 Serving (`/locomesh/ckpt/1`, see `wire`): a stream carries any
 number of requests. At most `max_uploads` requests are served at once across
 all streams; one more gets a ``busy`` answer at once (backpressure the asker
-understands) instead of queueing unboundedly. The store is the data dir's
-``checkpoints/`` (`locomesh.node.transfer.store`); only a
-checkpoint whose manifest is installed is served, so a half-downloaded one is
-not offered.
+understands) instead of queueing unboundedly. What is served: the checkpoints
+held in memory (`held`: a round's payloads, see held.py), then the store, the
+data dir's ``checkpoints/`` (`locomesh.node.transfer.store`); only a
+checkpoint whose every chunk is here (in the store, whose manifest is
+installed) is served, so a half-downloaded one is not offered.
 
 The same requests are served on the data plane (`dataplane`: a TCP listener
 beside libp2p, every byte sealed with keys agreed over libp2p), which carries
@@ -49,6 +50,7 @@ from locomesh.node.transfer.download import (
     MAX_WINDOW, TRANSPORTS, DownloadError, DownloadProgress, Offload, download_checkpoint, parse_provider,
 )
 from locomesh.node.transfer.dataplane import DataPlaneServer
+from locomesh.node.transfer.held import HeldCheckpoints
 from locomesh.node.transfer.store import checkpoint_ids, read_stored_chunk, read_stored_manifest
 from locomesh.node.peer_scores import PeerScores
 from locomesh.node.rpc.dispatch import RpcError
@@ -92,6 +94,8 @@ class CheckpointService:
         self.announced: set[bytes] = set()  # checkpoints whose provider record went out
         self._uploads = trio.Semaphore(max_uploads)
         self._manifests: OrderedDict[bytes, Manifest] = OrderedDict()
+        self.held = HeldCheckpoints()  # a round's payloads, fetched into memory (served like the store's)
+        self.bytes_served = 0  # manifests and chunks answered, since start
         self.downloads: dict[bytes, DownloadProgress] = {}
         self._cancel_scopes: dict[bytes, trio.CancelScope] = {}
         self.scores: PeerScores | None = None
@@ -146,24 +150,33 @@ class CheckpointService:
                 status = wire.NOT_FOUND if payload is None else wire.OK
                 self._served.inc(answer=status if request.index is None else f"chunk-{status}")
                 await wire.answer(stream, self._node.identity, status, payload or b"", timeout=FRAME_TIMEOUT)
+                self.bytes_served += len(payload or b"")
             finally:
                 self._uploads.release()
 
     def _read(self, request: wire.Request) -> bytes | None:
-        """The bytes a request asks for from the local store, or None if it is not here (runs in a thread)."""
+        """The bytes a request asks for from memory or the local store, or None if it is not here
+        (runs in a thread)."""
         try:
             manifest = self._manifest(request.checkpoint_id)
             if request.index is None:
                 return manifest.encode()
             if request.index >= len(manifest.chunks):
                 return None
+            held = self.held.complete(request.checkpoint_id)
+            if held is not None:
+                return held.frame(request.index)
             data = read_stored_chunk(self.directory, manifest, request.index)
         except CheckpointError:
             return None
         return data if len(data) == manifest.chunks[request.index].size else None
 
     def _manifest(self, checkpoint_id: bytes) -> Manifest:
-        """An installed manifest, parsed once and kept in a small cache (parsing recomputes its Merkle root)."""
+        """A held checkpoint's manifest, or an installed one, parsed once and kept in a small cache
+        (parsing recomputes its Merkle root)."""
+        held = self.held.complete(checkpoint_id)
+        if held is not None:
+            return held.manifest
         manifest = self._manifests.get(checkpoint_id)
         if manifest is None:
             manifest = read_stored_manifest(self.directory, checkpoint_id)
@@ -328,6 +341,8 @@ class CheckpointService:
         return {
             "downloads": [progress.to_json() for progress in self.downloads.values()],
             "chunks_served": int(self._served.get(answer="chunk-ok")),
+            "bytes_served": self.bytes_served,
+            "held": {"checkpoints": len(self.held), "bytes": self.held.bytes_held},
         }
 
 
