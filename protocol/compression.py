@@ -33,9 +33,10 @@ def compress_bound(raw_size: int) -> int:
     return raw_size + (raw_size >> 8) + 256
 
 
-def decompress(frame: bytes, *, max_output: int) -> bytes:
-    """Inflate one zstd frame into at most `max_output` bytes, or raise `ProtocolError`."""
-    frame = bytes(frame)
+def decompress(frame: bytes | bytearray | memoryview, *, max_output: int) -> bytes:
+    """Inflate one zstd frame (any bytes-like object: it is read, never copied) into at most
+    `max_output` bytes, or raise `ProtocolError`."""
+    frame = memoryview(frame).cast("B")
     declared = _declared_size(frame)
     if declared > max_output:
         raise ProtocolError("too-large", f"frame declares {declared} bytes, over the cap of {max_output}")
@@ -50,8 +51,8 @@ def decompress(frame: bytes, *, max_output: int) -> bytes:
     return out
 
 
-def _declared_size(frame: bytes) -> int:
-    if not frame.startswith(_MAGIC):
+def _declared_size(frame: memoryview) -> int:
+    if bytes(frame[: len(_MAGIC)]) != _MAGIC:
         raise ProtocolError("bad-compression", "not a zstd frame")
     try:
         size = zstandard.frame_content_size(frame)
@@ -62,7 +63,7 @@ def _declared_size(frame: bytes) -> int:
     return size
 
 
-def _frame_length(frame: bytes) -> int:
+def _frame_length(frame: memoryview) -> int:
     """The length of the one zstd frame at the start of `frame`, read off its block headers."""
     try:
         pos = zstandard.frame_header_size(frame)  # magic number included
