@@ -44,6 +44,7 @@ from .contract import PAYLOAD_TENSOR
 from .codec import Encoder, decode, max_payload_size, non_finite_payload
 from .flat import flatten, unflatten_into
 from .inner import InnerConfig, Worker
+from .memory import release_free_memory
 from .outer import OuterResult, OuterStep
 from .run_settings import ParticipantError, RoundSettings, TrainingDiverged, check_run_settings
 from .state_chunks import FAST_LEVEL, StateChunks, checkpoint_limits, checkpoint_manifest, chunk_state, state_digest
@@ -177,10 +178,15 @@ class Participant:
         return self.outer.preview(trained.delta)
 
     def aggregate(self, payloads: Mapping[bytes, bytes]) -> OuterResult:
-        """The outer step over this round's payloads by author key: θ_{r+1}. Raises like `OuterStep.step`."""
-        result = self.outer.step(payloads, bucket_seed=self.round.to_bytes(8, "big"))
-        if self.attack is not None:
-            self.others_last_round = self._decode_others(payloads, result.accepted)
+        """The outer step over this round's payloads by author key: θ_{r+1}. Raises like `OuterStep.step`.
+        The round's temporaries are freed by then, and their memory goes back to the system
+        (`release_free_memory`)."""
+        try:
+            result = self.outer.step(payloads, bucket_seed=self.round.to_bytes(8, "big"))
+            if self.attack is not None:
+                self.others_last_round = self._decode_others(payloads, result.accepted)
+        finally:
+            release_free_memory()
         self.round += 1
         return result
 
