@@ -134,6 +134,12 @@ def checkpoint_limits(
 def decode_chunk(manifest: Manifest, index: int, data: bytes) -> bytes:
     """Verify chunk `index` (`verify_chunk`), then inflate it to exactly its raw size, or raise `CheckpointError`."""
     verify_chunk(manifest, index, data)
+    return inflate_chunk(manifest, index, data)
+
+
+def inflate_chunk(manifest: Manifest, index: int, data: bytes) -> bytes:
+    """Chunk `index` inflated to exactly its raw size, or `CheckpointError`; for bytes already
+    verified against the manifest (`decode_chunk` does both)."""
     expected = manifest.chunks[index].raw_size
     try:
         raw = decompress(data, max_output=expected)

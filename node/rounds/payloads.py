@@ -38,6 +38,7 @@ from locomesh.node.transfer.store import load_checkpoint, write_checkpoint
 from locomesh.protocol import peer_id_from_public_key
 from locomesh.training.checkpoint_manifest import CheckpointError
 from locomesh.training.contract import PAYLOAD_TENSOR
+from locomesh.training.state_chunks import FAST_LEVEL
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +63,9 @@ class PayloadExchange:
     def store(self, round_number: int, payload: bytes) -> Any:
         """Write our payload for `round_number` to the store (blocking: run it offloaded); its manifest."""
         tensors = {PAYLOAD_TENSOR: np.frombuffer(payload, dtype=np.uint8)}
-        return write_checkpoint(self.directory, tensors, {"round": round_number, "run": self.run_id, "kind": "payload"})
+        # FAST_LEVEL: the payload is zstd already; its chunks are stored, not compressed again
+        return write_checkpoint(self.directory, tensors, {"round": round_number, "run": self.run_id, "kind": "payload"},
+                                level=FAST_LEVEL)
 
     async def committed_before(self, round_number: int) -> Any:
         """The payload we committed to for this round before a restart, from our store: a second,
