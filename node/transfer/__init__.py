@@ -5,8 +5,9 @@ Modules, one job each:
 * `wire`: the request/answer protocol of `/locomesh/ckpt/1` (manifest and chunk requests);
 * `store`: the local checkpoint store, content-addressed chunks and manifests in files (what
   a checkpoint is, and its bytes, is training's: `state_format`, `state_chunks`, `checkpoint_manifest`);
-* `service`: `CheckpointService`, which serves the local store and runs downloads for RPC;
-* `download`: one multi-source download, every chunk verified, size limits checked first;
+* `held`: checkpoints kept in memory instead of the store (a round's fetched payloads);
+* `service`: `CheckpointService`, which serves what is held and the local store, and runs downloads for RPC;
+* `download`: one multi-source download into the store or memory, every chunk verified, size limits checked first;
 * `schedule`: which chunk to ask which provider for (sans-IO);
 * `stream_pool`: data-plane streams kept per provider and reused;
 * `dataplane`: a plain TCP listener beside libp2p whose every byte is sealed;
