@@ -467,3 +467,18 @@ def test_a_proposal_naming_half_of_the_electorate_or_less_is_refused():
     small = tuple(sorted((first, me) if first != me else (first, A)))
     assert machine.handle(seen(3.1, electorate=electorate, commits=commits, proposals={first: small})) == []
     assert machine.current.chosen is None
+
+
+def test_a_proposer_whose_own_set_others_would_refuse_does_not_propose_and_follows_the_next():
+    """Its fetches failed, so its set names only itself of three: proposing it would spend its vote on
+    a set nobody follows (seen in an 8-daemon run: in an electorate of two, no quorum until the deadline)."""
+    machine, _ = trained_machine(now=10.0)
+    commits = {A: (b"pa" * 16, 10), B: (b"pb" * 16, 11), ME: (b"p" * 32, 100)}
+    machine.handle(seen(10.1, commits=commits))
+    machine.handle(rm.Fetched(1, A, False, 10.2))
+    assert machine.handle(rm.Fetched(1, B, False, 10.3)) == []  # cut at the cutoff: our set is (ME,) alone
+    assert "PublishProposal" not in kinds(machine.handle(seen(13.0, commits=commits)))
+    second = rm.proposer_order(1, b"", {ME, A, B})[1]
+    everyone = tuple(sorted((ME, A, B)))
+    actions = machine.handle(seen(13.1, commits=commits, proposals={second: everyone}))
+    assert machine.current.chosen == everyone and kinds(actions) == ["Fetch", "Fetch"]

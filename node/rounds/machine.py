@@ -28,12 +28,13 @@ part in round c + 1:
    crashed after its commit, likely with delayed updates, which commit as a round starts): one
    window then. Connections are not seen alike everywhere, but a crash cuts all of them at once.
    Until it starts aggregating, a peer switches to the proposal of an earlier proposer when one
-   appears (so one that moved on too early goes back). A set naming no more than half of the
-   round's electorate is refused. A payload of the followed set whose fetch failed is asked for
-   again after a pause that doubles with each failure (RETRY_SECONDS, up to MAX_REFETCH_PAUSE):
-   the proposer had it, but whoever could serve it may be gone or busy. After ABANDON_AFTER
-   failures the proposal is given up for the attempt and the next proposer's turn comes (a
-   proposer that withholds a payload of its own set cannot hold the round);
+   appears (so one that moved on too early goes back). A set naming no more than half of the round's
+   electorate is refused, our own too (a vote for a set nobody follows is lost): we then follow the
+   next proposer's. A payload of the followed set whose fetch failed is asked for again after a
+   pause that doubles with each failure (RETRY_SECONDS, up to MAX_REFETCH_PAUSE): the proposer had
+   it, but whoever could serve it may be gone or busy. After ABANDON_AFTER failures the proposal is
+   given up for the attempt and the next proposer's turn comes (a proposer that withholds a payload
+   of its own set cannot hold the round);
 5. it aggregates (decode, validate, robust aggregation, outer step: bit-exact on every CPU),
    and votes for the new state's hash;
 6. when the round is certified it moves on if its hash is the certified one, and otherwise
@@ -363,8 +364,9 @@ class RoundMachine:
             if proposal is not None and self._acceptable(proposal, seen):
                 return [] if proposal == work.chosen else self._follow(proposer, proposal)
             if proposal is None and proposer == self.me and work.chosen is None and now >= starts:
-                own = work.own_set
-                return [PublishProposal(work.number, own), *self._follow(self.me, own)] if own else []
+                if (own := work.own_set) and self._acceptable(own, seen):
+                    return [PublishProposal(work.number, own), *self._follow(self.me, own)]
+                continue  # the others would refuse it: the next proposer's turn
             if now < ends:
                 return []  # still this proposer's turn
         return []
