@@ -437,14 +437,15 @@ class _Run:
             note="Compute s: all modelled training, thrown-away rounds included. Compute share: the training "
                  "of the payloads the node committed in the run's rounds over the virtual seconds from its "
                  "first training to the last round. Held: what the node keeps of the run that peers sent or "
-                 "made it keep (CRDT ops applied and waiting, checkpoint store files).",
+                 "made it keep (CRDT ops applied and waiting, checkpoint store files, payloads held in memory).",
         )
 
     def _held_bytes(self, member: _Member) -> int:
         replica = member.services.crdt.replicas.get(self.run_id)
         ops = 0 if replica is None else sum(len(replica.get(op) or b"") for op in replica.op_ids()) + replica.pending.bytes
-        store = member.services.checkpoints.directory
-        return ops + sum(path.stat().st_size for path in store.rglob("*") if path.is_file())
+        checkpoints = member.services.checkpoints
+        files = sum(path.stat().st_size for path in checkpoints.directory.rglob("*") if path.is_file())
+        return ops + files + checkpoints.held.bytes_held
 
 
 class _Empty:
