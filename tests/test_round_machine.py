@@ -482,3 +482,17 @@ def test_a_proposer_whose_own_set_others_would_refuse_does_not_propose_and_follo
     everyone = tuple(sorted((ME, A, B)))
     actions = machine.handle(seen(13.1, commits=commits, proposals={second: everyone}))
     assert machine.current.chosen == everyone and kinds(actions) == ["Fetch", "Fetch"]
+
+
+def test_the_last_proposer_proposes_even_a_set_the_others_would_refuse():
+    """An electorate of one (round 1: the run's creator) whose own commit came after its cutoff: its
+    set names no member, but nobody else can propose, and its vote alone certifies the round."""
+    machine = rm.RoundMachine(ME)
+    machine.handle(seen(0.0, electorate=(ME,)))
+    others = {A: (b"pa" * 16, 10), B: (b"pb" * 16, 10)}
+    machine.handle(seen(1.0, electorate=(ME,), commits=others))
+    machine.handle(rm.Fetched(1, A, True, 1.5))
+    machine.handle(rm.Fetched(1, B, True, 1.6))
+    actions = machine.handle(rm.Trained(1, b"p" * 32, 100, 4.0, 5.0))  # the cutoff was 3.0
+    cut = tuple(sorted((A, B)))
+    assert actions == [rm.PublishCommit(1, b"p" * 32, 100), rm.PublishProposal(1, cut), rm.StartAggregate(1, cut, 1.0)]

@@ -29,8 +29,8 @@ part in round c + 1:
    window then. Connections are not seen alike everywhere, but a crash cuts all of them at once.
    Until it starts aggregating, a peer switches to the proposal of an earlier proposer when one
    appears (so one that moved on too early goes back). A set naming no more than half of the round's
-   electorate is refused, our own too (a vote for a set nobody follows is lost): we then follow the
-   next proposer's. A payload of the followed set whose fetch failed is asked for again after a
+   electorate is refused, our own too while another proposer's turn is to come (a vote for a set
+   nobody follows is lost). A payload of the followed set whose fetch failed is asked for again after a
    pause that doubles with each failure (RETRY_SECONDS, up to MAX_REFETCH_PAUSE): the proposer had
    it, but whoever could serve it may be gone or busy. After ABANDON_AFTER failures the proposal is
    given up for the attempt and the next proposer's turn comes (a proposer that withholds a payload
@@ -359,14 +359,16 @@ class RoundMachine:
         """Follow the first acceptable proposal in proposer order whose turn has come (switching
         to it if we followed a later one), or publish ours when our turn comes with none before it."""
         work, seen = self.current, self.last
-        for proposer, starts, ends in self.turns():
+        turns = list(self.turns())
+        for proposer, starts, ends in turns:
             proposal = seen.proposals.get(proposer)
             if proposal is not None and self._acceptable(proposal, seen):
                 return [] if proposal == work.chosen else self._follow(proposer, proposal)
             if proposal is None and proposer == self.me and work.chosen is None and now >= starts:
-                if (own := work.own_set) and self._acceptable(own, seen):
+                # the last proposer proposes anyway: its vote may be the quorum (round 1's creator)
+                if (own := work.own_set) and (self._acceptable(own, seen) or proposer == turns[-1][0]):
                     return [PublishProposal(work.number, own), *self._follow(self.me, own)]
-                continue  # the others would refuse it: the next proposer's turn
+                continue
             if now < ends:
                 return []  # still this proposer's turn
         return []
@@ -386,8 +388,7 @@ class RoundMachine:
 
     def _turn(self, proposer: Author, seen: Observation) -> float:
         """How long `proposer` may take to propose before the next one's turn."""
-        alive = proposer in seen.commits and proposer not in seen.unreachable
-        return self.window() * (PATIENCE if alive else 1)
+        return self.window() * (PATIENCE if proposer in seen.commits and proposer not in seen.unreachable else 1)
 
     def _acceptable(self, proposal: tuple[Author, ...], seen: Observation) -> bool:
         """Every author named committed, and more than half of the electorate is named (a rule
@@ -422,9 +423,8 @@ class RoundMachine:
 
     def _pause_refetch(self, author: Author, now: float) -> None:
         """A fetch of the followed set failed: ask again after RETRY_SECONDS, doubled per failure."""
-        work = self.current
-        failures = work.refetches[author] = work.refetches.get(author, 0) + 1
-        work.refetch_at[author] = now + min(RETRY_SECONDS * 2 ** (failures - 1), MAX_REFETCH_PAUSE)
+        failures = self.current.refetches[author] = self.current.refetches.get(author, 0) + 1
+        self.current.refetch_at[author] = now + min(RETRY_SECONDS * 2 ** (failures - 1), MAX_REFETCH_PAUSE)
 
     def _aggregate_if_ready(self) -> list[Action]:
         work = self.current
