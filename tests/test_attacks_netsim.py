@@ -39,8 +39,8 @@ def test_members_that_withhold_their_payloads_cost_a_round_seconds_not_a_fetch_t
 def test_sixteen_honest_nodes_keep_training_through_every_attack_at_once():
     """16 honest nodes (one of them killed right after a commit and restarted on its data dir)
     against withholding members, Sybil attesters, payload bombers and an op spammer: every round
-    is certified, every honest node ends on one state, and none holds more than 10% above what it
-    held in the same run without attackers. (Data-plane squatters need real sockets:
+    is certified, every honest node ends on one state, and none holds more than a quarter above what
+    it held in the same run without attackers. (Data-plane squatters need real sockets:
     tests/test_attacks_dataplane.py.)"""
     clean = train.run(nodes=16, seed=2, **SMALL)
     attacked = train.run(nodes=16 + ATTACKS["withholding"], seed=2, **SMALL, **ATTACKS)
@@ -50,4 +50,8 @@ def test_sixteen_honest_nodes_keep_training_through_every_attack_at_once():
     clean_held = max(row[7] for row in _nodes(clean).values())
     honest = [row for row in _nodes(attacked).values() if row[1] not in train.HOSTILE]
     assert len(honest) == 16
-    assert max(row[7] for row in honest) <= 1.10 * clean_held, (clean_held, [row[7] for row in honest])
+    # A quarter: the payloads a node holds (in memory, released a round later) no longer dilute the
+    # ops it holds, of which the attacked run has more (its hostile members' and intruders' ops,
+    # within their caps): 234.7 KiB clean against 259.7 attacked at seed 2. What this guards
+    # against is orders of magnitude more (bfb477a: bombs +3.1 GiB, spam +182 MiB).
+    assert max(row[7] for row in honest) <= 1.25 * clean_held, (clean_held, [row[7] for row in honest])
