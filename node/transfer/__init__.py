@@ -7,7 +7,8 @@ Modules, one job each:
   a checkpoint is, and its bytes, is training's: `state_format`, `state_chunks`, `checkpoint_manifest`);
 * `held`: checkpoints kept in memory instead of the store (a round's fetched payloads);
 * `service`: `CheckpointService`, which serves what is held and the local store, and runs downloads for RPC;
-* `download`: one multi-source download into the store or memory, every chunk verified, size limits checked first;
+* `download`: one multi-source download, every chunk verified, size limits checked first;
+* `sinks`: where a download puts what it fetched: the store, or memory (`held`);
 * `schedule`: which chunk to ask which provider for (sans-IO);
 * `stream_pool`: data-plane streams kept per provider and reused;
 * `dataplane`: a plain TCP listener beside libp2p whose every byte is sealed;

@@ -26,7 +26,7 @@ elsewhere. A provider whose chunk fails its hash gets a strike in the node's
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,7 +43,7 @@ from locomesh.training.checkpoint_manifest import (
 from locomesh.node.transfer import wire as wire
 from locomesh.node.transfer.dataplane import SealedStream, open_sealed_stream
 from locomesh.node.transfer.held import HeldCheckpoints
-from locomesh.node.transfer.store import install_manifest, missing_chunks, read_stored_manifest, store_chunk
+from locomesh.node.transfer.sinks import DownloadError, HeldSink, Offload, Sink, StoreSink
 from locomesh.node.transfer.schedule import DownloadSchedule, Outcome
 from locomesh.node.peer_scores import PeerScores
 from locomesh.node.runtime import DialError, Node
@@ -55,15 +55,6 @@ REQUEST_TIMEOUT = 30.0  # per frame; generous: a busy provider reads its chunks 
 BUSY_BACKOFF = 0.2
 MAX_WINDOW = 4
 TRANSPORTS = ("auto", "dataplane", "libp2p")
-
-# How blocking store work (hashing, file I/O, fsync) is run: in a worker thread by default, so
-# the event loop stays free. The simulator runs it inline instead (netsim/offload.py): a thread's
-# real duration would let virtual time jump ahead unpredictably, and same seed => same run.
-Offload = Callable[..., Awaitable[Any]]
-
-
-class DownloadError(Exception):
-    """A checkpoint could not be downloaded (no valid manifest, or a chunk no provider would serve)."""
 
 
 class CheckpointRefused(DownloadError):
@@ -290,7 +281,7 @@ async def download_checkpoint(
     before any chunk is fetched, and its provider is struck.
     """
     progress.started_at = trio.current_time()
-    sink = _StoreSink(directory, offload) if held is None else _HeldSink(held, offload)
+    sink = StoreSink(directory, offload) if held is None else HeldSink(held, offload)
     local = await sink.installed(checkpoint_id)
     if local is not None:
         _check_limits(local, limits)
@@ -356,68 +347,11 @@ def _check_limits(manifest: Manifest, limits: ManifestLimits | None) -> None:
         raise CheckpointRefused(manifest.id, error) from None
 
 
-class _StoreSink:
-    """Where a download puts what it fetched: the chunk store at `directory` (blocking work offloaded)."""
-
-    def __init__(self, directory: Path, offload: Offload) -> None:
-        self.directory, self.offload = directory, offload
-
-    async def installed(self, checkpoint_id: bytes) -> Manifest | None:
-        return await self.offload(_installed_manifest, self.directory, checkpoint_id)
-
-    async def missing(self, manifest: Manifest) -> list[int]:
-        return await self.offload(missing_chunks, self.directory, manifest)
-
-    async def store(self, manifest: Manifest, index: int, data: bytes) -> None:
-        await self.offload(store_chunk, self.directory, manifest, index, data)
-
-    async def install(self, manifest: Manifest) -> None:
-        await self.offload(_install, self.directory, manifest)
-
-
-class _HeldSink:
-    """Where a download puts what it fetched: memory (`HeldCheckpoints`); hashing is offloaded."""
-
-    def __init__(self, held: HeldCheckpoints, offload: Offload) -> None:
-        self.held, self.offload = held, offload
-
-    async def installed(self, checkpoint_id: bytes) -> Manifest | None:
-        complete = self.held.complete(checkpoint_id)
-        return None if complete is None else complete.manifest
-
-    async def missing(self, manifest: Manifest) -> list[int]:
-        return self.held.hold(manifest).missing()
-
-    async def store(self, manifest: Manifest, index: int, data: bytes) -> None:
-        await self.offload(self.held.hold(manifest).store, index, data)
-
-    async def install(self, manifest: Manifest) -> None:
-        if self.held.complete(manifest.id) is None:
-            raise DownloadError(f"chunks of {manifest.id.hex()[:16]} were released before the download ended")
-
-
-def _installed_manifest(directory: Path, checkpoint_id: bytes) -> Manifest | None:
-    """The manifest of `checkpoint_id` if it is installed here with all its chunks, else None."""
-    try:
-        manifest = read_stored_manifest(directory, checkpoint_id)
-    except CheckpointError:
-        return None
-    return None if missing_chunks(directory, manifest) else manifest
-
-
-def _install(directory: Path, manifest: Manifest) -> None:
-    """Make the checkpoint loadable: every chunk is there, then the manifest is written (atomically)."""
-    still_missing = missing_chunks(directory, manifest)
-    if still_missing:
-        raise DownloadError(f"chunks {still_missing[:8]} vanished from the store before install")
-    install_manifest(directory, manifest)
-
-
 class _ChunkFetcher:
     """The workers of one download, and the event that wakes them when the schedule changes."""
 
     def __init__(
-        self, sink: _StoreSink | _HeldSink, manifest: Manifest, schedule: DownloadSchedule,
+        self, sink: Sink, manifest: Manifest, schedule: DownloadSchedule,
         sessions: dict[str, ProviderSession], scores: PeerScores, progress: DownloadProgress,
     ) -> None:
         self.sink, self.manifest, self.schedule = sink, manifest, schedule
