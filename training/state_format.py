@@ -188,20 +188,26 @@ def tensors_from_blob(blob: np.ndarray) -> dict[str, torch.Tensor]:
     return views(blob, *parse_header(blob[: PREFIX_SIZE + MAX_HEADER_SIZE].tobytes(), len(blob)))
 
 
-def views(blob: np.ndarray, data_start: int, entries: list[Entry]) -> dict[str, torch.Tensor]:
-    """The tensors of the blob whose (validated) header gave `data_start` and `entries`, as views into `blob`."""
-    import torch  # here, not at the top: see the module docstring
-
-    tensors = {}
+def arrays(blob: np.ndarray, data_start: int, entries: list[Entry]) -> dict[str, np.ndarray]:
+    """The tensors of the blob whose (validated) header gave `data_start` and `entries`, as numpy
+    views into `blob` (a bfloat16 tensor as its 16 bits, uint16)."""
+    found = {}
     for entry in entries:
         start = data_start + entry.offset
         raw = blob[start : start + entry.length]
         if entry.dtype.name == "bool" and entry.length and raw.max() > 1:
             raise CheckpointError("bad-header", f"{entry.name}: a bool tensor holds bytes other than 0 and 1")
-        array = raw.view(entry.dtype.numpy).reshape(entry.shape)
-        tensor = torch.from_numpy(array)
-        tensors[entry.name] = tensor.view(torch.bfloat16) if entry.dtype.name == "bfloat16" else tensor
-    return tensors
+        found[entry.name] = raw.view(entry.dtype.numpy).reshape(entry.shape)
+    return found
+
+
+def views(blob: np.ndarray, data_start: int, entries: list[Entry]) -> dict[str, torch.Tensor]:
+    """`arrays`, as torch tensors (views into `blob`)."""
+    import torch  # here, not at the top: see the module docstring
+
+    kinds = {entry.name: entry.dtype.name for entry in entries}
+    tensors = {name: torch.from_numpy(array) for name, array in arrays(blob, data_start, entries).items()}
+    return {name: t.view(torch.bfloat16) if kinds[name] == "bfloat16" else t for name, t in tensors.items()}
 
 
 def parse_header(head: bytes, state_size: int) -> tuple[int, list[Entry]]:

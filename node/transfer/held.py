@@ -23,6 +23,7 @@ import numpy as np
 from locomesh.training.checkpoint_manifest import CheckpointError, Manifest, ManifestLimits, verify_chunk
 from locomesh.training.state_chunks import inflate_chunk
 from locomesh.training.state_format import MAX_HEADER_SIZE, PREFIX_SIZE, check_layout, parse_header
+from locomesh.training.state_format import arrays as state_arrays
 
 
 class HeldCheckpoint:
@@ -71,12 +72,7 @@ class HeldCheckpoint:
         data_start, entries = parse_header(blob[: PREFIX_SIZE + MAX_HEADER_SIZE].tobytes(), len(blob))
         if limits.tensors is not None:
             check_layout(entries, limits.tensors)
-        arrays = {
-            entry.name: blob[data_start + entry.offset : data_start + entry.offset + entry.length]
-            .view(entry.dtype.numpy).reshape(entry.shape)
-            for entry in entries
-        }
-        return arrays, self.manifest.full_metadata
+        return state_arrays(blob, data_start, entries), self.manifest.full_metadata
 
 
 def _check_layout_early(first: bytes, manifest: Manifest, limits: ManifestLimits) -> None:
