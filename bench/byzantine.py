@@ -66,6 +66,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--alie-z", default=",".join(map(str, ALIE_Z)),
                         help="z values run besides z_max whenever alie is among the attacks ('' for none)")
     parser.add_argument("--aggregators", default=",".join(AGGREGATORS))
+    parser.add_argument("--exchange", choices=["allgather", "sharded", "both"], default="allgather",
+                        help="both: every cell in each mode, back to back, with sharded's loss over allgather's")
+    parser.add_argument("--shard-values", type=int, default=2048,
+                        help="values per shard in sharded exchange (the 14K-parameter model: 7 shards)")
     parser.add_argument("--settings", default=",".join(f"{n}/{f}" for n, f in SETTINGS), help="N/f,...")
     args = parser.parse_args()
     if args.quick:
@@ -89,24 +93,26 @@ class Grid:
         self.task = get_task("synthetic-lm", TASK)
         self.clean_cache: dict[tuple, float] = {}
 
-    def config(self, workers: int, aggregator: str, options: dict) -> DiLoCoConfig:
+    def config(self, workers: int, aggregator: str, options: dict, exchange: str) -> DiLoCoConfig:
         inner = InnerConfig(lr=self.args.inner_lr, batch_size=self.args.batch)
         return DiLoCoConfig(
             workers=workers, rounds=self.args.rounds, inner_steps=self.args.inner_steps,
             inner=inner, codec="int8", error_feedback=True,
             aggregator=aggregator, aggregator_options=options,
+            exchange=exchange, shard_values=self.args.shard_values,
         )
 
-    def run(self, workers: int, aggregator: str, options: dict, byzantine: dict) -> float | str:
+    def run(self, workers: int, aggregator: str, options: dict, byzantine: dict, exchange: str | None = None) -> float | str:
+        exchange = exchange or self.args.exchange.replace("both", "allgather")
         try:
-            return simulate_diloco(self.task, self.config(workers, aggregator, options), byzantine).loss
+            return simulate_diloco(self.task, self.config(workers, aggregator, options, exchange), byzantine).loss
         except AggregatorError as error:  # e.g. Krum left with too few accepted contributions
             return f"error: {error}"
 
-    def clean(self, workers: int, aggregator: str, options: dict) -> float:
-        key = (workers, aggregator, tuple(sorted(options.items())))
+    def clean(self, workers: int, aggregator: str, options: dict, exchange: str | None = None) -> float:
+        key = (workers, aggregator, tuple(sorted(options.items())), exchange)
         if key not in self.clean_cache:
-            self.clean_cache[key] = self.run(workers, aggregator, options, {})
+            self.clean_cache[key] = self.run(workers, aggregator, options, {}, exchange)
         return self.clean_cache[key]
 
 
@@ -154,10 +160,14 @@ def main() -> None:
             options = aggregator_options(aggregator, workers, f)
             clean = grid.clean(workers, aggregator, options)
             rows.append(cell(workers, f, "none", aggregator, clean, clean, clean_mean))
+            if args.exchange == "both":
+                add_sharded(rows[-1], grid.clean(workers, aggregator, options, "sharded"))
             for attack in attack_labels(args):
                 byzantine = {workers - 1 - i: attack_for(attack) for i in range(f)}
                 loss = grid.run(workers, aggregator, options, byzantine)
                 rows.append(cell(workers, f, attack, aggregator, loss, clean, clean_mean))
+                if args.exchange == "both":
+                    add_sharded(rows[-1], grid.run(workers, aggregator, options, byzantine, "sharded"))
                 print(json.dumps(rows[-1]), file=sys.stderr, flush=True)  # progress, one row a line
     meta = {
         **machine(),
@@ -175,6 +185,8 @@ def main() -> None:
         "cpu_seconds": round(time.process_time() - started, 1),
         "cpu": "2 cores shared with other jobs",
         "quick": args.quick,
+        "exchange": args.exchange,
+        "shard_values": args.shard_values,
     }
     report("byzantine", rows, meta)
     print()
@@ -193,6 +205,12 @@ def cell(workers, f, attack, aggregator, loss, clean, clean_mean) -> dict:
     }
 
 
+def add_sharded(row: dict, loss: float | str) -> None:
+    """The same cell in sharded exchange (where "loss" is allgather's): its loss and the ratio."""
+    row["sharded_loss"] = loss
+    row["sharded_vs_allgather"] = ratio(loss, row["loss"])
+
+
 def summary(rows: list[dict]) -> str:
     """Per setting, attack × aggregator: % above the same aggregator's clean run; then the targets."""
     lines = []
@@ -207,8 +225,22 @@ def summary(rows: list[dict]) -> str:
             table["alie worst z"][aggregator] = "n/a" if row is None else f"{percent(row['vs_clean'])} ({z_of(row)})"
         lines += [f"N={workers}, f={f}: loss vs the same aggregator's clean run", "",
                   markdown_table(list(table.values())), ""]
-    lines += targets(rows)
+    lines += targets(rows) + exchange_targets(rows)
     return "\n".join(lines)
+
+
+def exchange_targets(rows: list[dict]) -> list[str]:
+    """With --exchange both: the cell where sharded exchange lost most against allgather, per
+    setting (target: final loss within 0.5%)."""
+    out = []
+    for workers, f in settings_of(rows):
+        compared = [r for r in rows_of(rows, workers, f) if isinstance(r.get("sharded_vs_allgather"), float)]
+        if compared:
+            top = max(compared, key=lambda r: r["sharded_vs_allgather"])
+            met = top["sharded_vs_allgather"] <= 1.005
+            out.append(f"- N={workers} f={f}: sharded vs allgather, worst {top['aggregator']} / {top['attack']}: "
+                       f"{top['sharded_vs_allgather']:.4f}x (target ≤ 1.005): {'met' if met else 'MISSED'}")
+    return out
 
 
 def targets(rows: list[dict]) -> list[str]:

@@ -32,6 +32,7 @@ AGGREGATORS = [
     ("multi_krum", {"f": 1, "m": 3}),
 ]
 CAP = 60.0  # below the first round's aggregate norm, so the cap path runs
+SHARD_VALUES = 30_000  # sharded exchange: 4 shards, the last one ragged
 
 PROBE = r"""
 import json, pathlib, sys
@@ -50,6 +51,19 @@ for name, options in spec["aggregators"]:
         result = step.step(payloads)
         hashes.append([result.params_hash, sorted(a.decode() for a in result.rejected), result.capped])
     exact[name] = hashes
+
+# Sharded exchange: the default aggregator shard by shard, the shards assembled (training/shards.py).
+from locomesh.training.codec import split_payload
+from locomesh.training.shards import ShardLayout, sharded_step
+layout = ShardLayout(theta.size, spec["shard_values"])
+step = OuterStep(theta, max_update_norm=spec["cap"])
+hashes = []
+for r in range(spec["rounds"]):
+    payloads = {a.encode(): split_payload((folder / f"{r}-{a}.bin").read_bytes(), theta.size, layout.bounds)
+                for a in spec["authors"]}
+    result = sharded_step(step, layout, payloads)
+    hashes.append([result.params_hash, sorted(a.decode() for a in result.rejected), result.capped])
+exact["centered_clip@sharded"] = hashes
 
 import hashlib, torch
 def digest(t):
@@ -100,7 +114,7 @@ def write_round_files(folder) -> None:
             if r == 1 and i == 0:
                 payload = non_finite_payload("int8", float("nan"), NUMEL)  # rejected, not raised
             (folder / f"{r}-{author}.bin").write_bytes(payload)
-    spec = {"aggregators": AGGREGATORS, "authors": authors, "rounds": ROUNDS, "cap": CAP}
+    spec = {"aggregators": AGGREGATORS, "authors": authors, "rounds": ROUNDS, "cap": CAP, "shard_values": SHARD_VALUES}
     (folder / "spec.json").write_text(json.dumps(spec))
 
 
@@ -123,7 +137,7 @@ def outcomes(tmp_path_factory):
 def test_outer_step_is_bit_identical_under_every_setting(outcomes):
     _, results = outcomes
     reference = results[next(iter(SETTINGS))]["exact"]
-    assert set(reference) == {name for name, _ in AGGREGATORS}
+    assert set(reference) == {name for name, _ in AGGREGATORS} | {"centered_clip@sharded"}
     for label, result in results.items():
         assert result["exact"] == reference, f"{label} computed other bits"
 
@@ -141,7 +155,8 @@ def test_subprocesses_agree_with_this_process(outcomes):
         mine.append([result.params_hash, sorted(a.decode() for a in result.rejected), result.capped])
     assert mine == reference["centered_clip"]
     assert mine[1][1] == ["author-0"] and mine[0][2]
-    assert len({hashes[-1][0] for hashes in reference.values()}) == len(AGGREGATORS)  # they do differ
+    assert len({hashes[-1][0] for hashes in reference.values()}) == len(AGGREGATORS) + 1  # they do differ
+    assert reference["centered_clip@sharded"][1][1] == ["author-0"]  # the NaN payload fails in its shards too
 
 
 def test_control_naive_torch_changes_bits_under_the_same_settings(outcomes):

@@ -39,6 +39,8 @@ finite float16 scales ≤ 65504 bound every value by 8.4e6).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import zstandard
 
@@ -98,22 +100,32 @@ class Encoder:
     def encode(self, x: np.ndarray) -> bytes:
         """The payload for float32 vector `x` (plus the carried residual when error feedback is on)."""
         x = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
+        return self.encode_shards(x, [(0, x.size)])[0]
+
+    def encode_shards(self, x: np.ndarray, bounds: Sequence[tuple[int, int]]) -> list[bytes]:
+        """One payload per range [start, stop) of `bounds` (ranges that tile `x` in order, each
+        starting on a block boundary): payload k is the payload of x[start:stop] quantized alone,
+        which is the same as that range of the whole vector's quantization, since no block
+        straddles two ranges. The error-feedback residual is carried over the whole vector."""
+        x = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
+        _check_bounds(bounds, x.size, self.block_size)
         if self.mode == "fp32":
             if not np.isfinite(x).all():
                 raise ValueError("cannot encode a non-finite vector")
-            return self._assemble(x.size, x.astype("<f4", copy=False).view(np.uint8))
+            return self._assemble_shards(x.size, b"", x.astype("<f4", copy=False).view(np.uint8), bounds)
         if not self.error_feedback:
-            return self._assemble(x.size, self._quantize(x, leftover=None))
+            return self._assemble_shards(x.size, *self._quantize(x, leftover=None), bounds)
         if self.residual is None or self.residual.size != x.size:  # first call, or another model
             self.residual = np.zeros(x.size, dtype=np.float32)
             self._spare = np.empty(x.size, dtype=np.float32)
         target = np.add(x, self.residual, out=self._spare)
-        body = self._quantize(target, leftover=target)  # target becomes y − decode(y) ...
+        scales, codes = self._quantize(target, leftover=target)  # target becomes y − decode(y) ...
         self.residual, self._spare = target, self.residual  # ... and the residual only once that worked
-        return self._assemble(x.size, body)
+        return self._assemble_shards(x.size, scales, codes, bounds)
 
-    def _quantize(self, y: np.ndarray, leftover: np.ndarray | None) -> np.ndarray:
-        """The body bytes for `y`; if `leftover` is given, write y − dequantized(y) into it (it may be y)."""
+    def _quantize(self, y: np.ndarray, leftover: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        """The float16 block scales and the codes (int4: packed) of `y`, as bytes; if `leftover`
+        is given, write y − dequantized(y) into it (it may be y)."""
         levels, block, numel = _LEVELS[self.mode], self.block_size, y.size
         blocks = -(-numel // block)
         codes = np.empty(numel + (numel % 2 if self.mode == "int4" else 0), dtype=np.int8)
@@ -137,12 +149,31 @@ class Encoder:
         if self.mode == "int4":
             codes[numel:] = 0
             codes = _pack_nibbles(codes)
-        return np.concatenate([scales.view(np.uint8), codes.view(np.uint8)])
+        return scales.view(np.uint8), codes.view(np.uint8)
 
-    def _assemble(self, numel: int, body: np.ndarray) -> bytes:
+    def _assemble_shards(self, numel: int, scales: np.ndarray | bytes, codes: np.ndarray,
+                         bounds: Sequence[tuple[int, int]]) -> list[bytes]:
+        return [self._assemble(stop - start, body) for start, stop, body in
+                _shard_bodies(self.mode, self.block_size, numel, scales, codes, bounds)]
+
+    def _assemble(self, numel: int, body: np.ndarray | bytes) -> bytes:
         header = _header(self.mode, numel, self.block_size)
-        frame = self._compressor.compress(body.data)
+        frame = self._compressor.compress(memoryview(body))
         return len(header).to_bytes(2, "big") + header + frame
+
+
+def split_payload(payload: bytes, numel: int, bounds: Sequence[tuple[int, int]], *,
+                  modes: tuple[str, ...] = MODES, block_size: int | None = None) -> list[bytes]:
+    """A whole-vector payload cut into the payloads of the ranges `bounds` (as `encode_shards`
+    would have made them). The header and the body's length are checked (`CodecError`); the
+    values are not: each part is validated where it is decoded."""
+    header, frame = _split(payload)
+    mode, block = _check_header(header, numel, modes, block_size)
+    _check_bounds(bounds, numel, block)
+    body = np.frombuffer(_inflate(frame, _body_length(mode, numel, block)), dtype=np.uint8)
+    scale_bytes = 0 if mode == "fp32" else 2 * -(-numel // block)
+    encoder = Encoder(mode, block_size=block or DEFAULT_BLOCK, error_feedback=False)
+    return encoder._assemble_shards(numel, body[:scale_bytes], body[scale_bytes:], bounds)
 
 
 def max_payload_size(mode: str, numel: int, block_size: int = DEFAULT_BLOCK) -> int:
@@ -276,6 +307,31 @@ def non_finite_payload(mode: str, value: float, numel: int, *, block_size: int =
 
 
 # -- encoding helpers ----------------------------------------------------------
+
+
+def _check_bounds(bounds: Sequence[tuple[int, int]], numel: int, block: int) -> None:
+    """`bounds` must tile [0, numel) in order, every range non-empty and starting on a block boundary."""
+    position = 0
+    for start, stop in bounds:
+        if start != position or stop <= start or (block and start % block):
+            raise ValueError(f"ranges must tile [0, {numel}) in order on block boundaries, got {list(bounds)[:4]}...")
+        position = stop
+    if position != numel:
+        raise ValueError(f"ranges end at {position}, the vector has {numel} values")
+
+
+def _shard_bodies(mode: str, block: int, numel: int, scales: np.ndarray | bytes, codes: np.ndarray,
+                  bounds: Sequence[tuple[int, int]]):
+    """(start, stop, body) for each range: its block scales, then its codes (fp32: its values).
+    Ranges start on block boundaries, and so (blocks being even) on whole bytes of int4 codes."""
+    scales = np.frombuffer(scales, dtype=np.uint8) if isinstance(scales, bytes) else scales
+    for start, stop in bounds:
+        if mode == "fp32":
+            yield start, stop, codes[4 * start : 4 * stop]
+            continue
+        own_scales = scales[2 * (start // block) : 2 * -(-stop // block)]
+        own_codes = codes[start // 2 : (stop + 1) // 2] if mode == "int4" else codes[start:stop]
+        yield start, stop, np.concatenate([own_scales, own_codes])
 
 
 def _check_block_size(block: int) -> None:

@@ -28,10 +28,11 @@ import numpy as np
 import torch
 
 from .attacks import Attack, AttackView
-from .codec import Encoder, non_finite_payload
+from .codec import CodecError, Encoder, non_finite_payload, split_payload
 from .flat import flatten, param_count, unflatten_into
 from .inner import InnerConfig, Worker, make_optimizer, optimizer_step
 from .outer import OuterConfig, OuterStep
+from .shards import DEFAULT_SHARD_VALUES, ShardLayout, sharded_step
 from .tasks import Task
 
 FP32_BYTES = 4
@@ -52,6 +53,12 @@ class DiLoCoConfig:
     outer_momentum: float = 0.9
     model_seed: int = 0
     run_seed: int = 0
+    exchange: str = "allgather"  # or "sharded": each shard aggregated on its own (`shards.py`)
+    shard_values: int = DEFAULT_SHARD_VALUES
+
+    def __post_init__(self) -> None:
+        if self.exchange not in ("allgather", "sharded"):
+            raise ValueError(f"exchange is 'allgather' or 'sharded', got {self.exchange!r}")
 
 
 @dataclass(frozen=True)
@@ -122,6 +129,7 @@ def simulate_diloco(
         ),
     )
     adversary = _Adversary(byzantine, config)
+    layout = ShardLayout(theta.size, config.shard_values) if config.exchange == "sharded" else None
     history: list[RoundRecord] = []
     bytes_sent = 0
     evaluation = _evaluate(task, workers[honest[0]].model, theta)
@@ -131,10 +139,15 @@ def simulate_diloco(
             for index in honest
         }
         payloads = {_author(index): encoders[index].encode(results[index].delta) for index in honest}
-        bytes_sent += len(payloads[_author(honest[0])])
         honest_deltas = [results[index].delta for index in honest]
         payloads.update(adversary.payloads(round_index, honest_deltas, list(payloads.values())))
-        outcome = outer.step(payloads)
+        if layout is None:
+            bytes_sent += len(payloads[_author(honest[0])])
+            outcome = outer.step(payloads)
+        else:  # the attackers cut their payloads like everyone's
+            shards = _split_all(payloads, layout, config.codec)
+            bytes_sent += sum(map(len, shards[_author(honest[0])]))
+            outcome = sharded_step(outer, layout, shards)
         theta = outcome.theta
         evaluation = _evaluate(task, workers[honest[0]].model, theta)
         record = RoundRecord(
@@ -179,6 +192,18 @@ class _Adversary:
             sent[_author(index)] = made if isinstance(made, bytes) else self.encoder.encode(made)
         self.past_payloads.append(honest_payloads)
         return sent
+
+
+def _split_all(payloads: Mapping[str, bytes], layout: ShardLayout, codec: str) -> dict[str, list[bytes]]:
+    """Every payload cut into its shards' payloads; one that does not split (a malformed attack
+    payload) goes whole to every shard, where it is rejected like any malformed shard."""
+    split = {}
+    for author, payload in payloads.items():
+        try:
+            split[author] = split_payload(payload, layout.numel, layout.bounds, modes=(codec,))
+        except CodecError:
+            split[author] = [payload] * layout.count
+    return split
 
 
 def _checked_theta(theta: np.ndarray, theta_size: int) -> np.ndarray:

@@ -135,28 +135,45 @@ class OuterStep:
         `AggregatorError` (state unchanged) if the aggregator cannot work with
         what is left (e.g. Krum with too few contributions).
         """
-        contributions, rejected = self._decode_all(payloads)
+        g = self._spares.take(self.numel)  # kept as the previous aggregate: none of the decode rows
+        authors, rejected = self.aggregate_range(payloads, 0, self.numel, out=g, bucket_seed=bucket_seed)
+        return self.apply_aggregate(g, authors, rejected)
+
+    def aggregate_range(self, payloads: Mapping[Author, bytes], start: int, stop: int, *, out: np.ndarray,
+                        bucket_seed: bytes = b"") -> tuple[list[Author], dict[Author, CodecError]]:
+        """Aggregate the payloads of the values [start, stop) of θ (the whole vector, or one shard of
+        sharded exchange, centred on that range of the previous aggregate) into `out`; the
+        accepted authors in canonical order, and the rejected with their errors. Raises as `step`."""
+        contributions, rejected = self._decode_all(payloads, stop - start)
         if not contributions:
             raise EmptyRoundError(rejected)
-        authors = sorted(contributions, key=_author_key)
-        rows = [contributions[author] for author in authors]
-        g = aggregators.aggregate(
+        authors = sorted(contributions, key=author_key)
+        aggregators.aggregate(
             self.config.aggregator,
-            rows,
-            keys=[_author_key(author) for author in authors],
-            previous=self.previous,
+            [contributions[author] for author in authors],
+            keys=[author_key(author) for author in authors],
+            previous=None if self.previous is None else self.previous[start:stop],
             bucket_seed=bucket_seed,
-            out=self._spares.take(self.numel),  # kept as the previous aggregate: none of the decode rows
+            out=out,
             **self._options_after_rejections(len(rejected)),
         )
-        if not np.isfinite(g).all():  # cannot happen with decoded inputs; never apply it if it did
+        if not np.isfinite(out).all():  # cannot happen with decoded inputs; never apply it if it did
             raise aggregators.AggregatorError("the aggregate is not finite")
+        return authors, rejected
+
+    def apply_aggregate(self, g: np.ndarray, accepted: list[Author],
+                        rejected: dict[Author, CodecError]) -> OuterResult:
+        """Cap aggregate `g` (an array this step may keep: it becomes the previous aggregate) and
+        take the momentum step with it: the end of `step`, and of a sharded round whose shard
+        aggregates were assembled into `g`."""
+        if g.dtype != F32 or g.shape != (self.numel,):
+            raise ValueError(f"the aggregate must be a float32 vector of {self.numel} values")
         replaced = self.theta, self.momentum, self.previous
         g, g_norm, capped = self._cap(g)
         self._apply(g)
         self.previous = g
         self._spares.retire(*replaced)
-        return OuterResult(self.theta, authors, rejected, g_norm, capped)
+        return OuterResult(self.theta, accepted, rejected, g_norm, capped)
 
     def _options_after_rejections(self, rejected: int) -> dict:
         """The aggregator's options, with Krum's `f` lowered by the payloads already rejected.
@@ -170,7 +187,7 @@ class OuterStep:
             options["f"] = max(0, options["f"] - rejected)
         return options
 
-    def _decode_all(self, payloads: Mapping[Author, bytes]) -> tuple[dict[Author, Row], dict[Author, CodecError]]:
+    def _decode_all(self, payloads: Mapping[Author, bytes], numel: int) -> tuple[dict[Author, Row], dict[Author, CodecError]]:
         """Every payload checked and decoded into the row the aggregator reads (`codec.decode_row`:
         a quantized payload stays one byte a value), or set aside with its `CodecError`."""
         decoded, rejected = {}, {}
@@ -178,7 +195,7 @@ class OuterStep:
             try:
                 decoded[author] = decode_row(
                     payload,
-                    self.numel,
+                    numel,
                     modes=(self.config.codec,),
                     block_size=None if self.config.codec == "fp32" else self.config.block_size,
                     max_scale=self.config.max_scale,
@@ -277,6 +294,6 @@ class SpareVectors:
         return np.empty(numel, dtype=F32)
 
 
-def _author_key(author: Author) -> bytes:
+def author_key(author: Author) -> bytes:
     """The bytes authors are ordered by: a public key as is, a name by its UTF-8 encoding."""
     return author if isinstance(author, bytes) else author.encode("utf-8")

@@ -39,3 +39,19 @@ def _drawn_order(label: bytes, round_number: int, seed: bytes, attempt: int,
     new every round, and no peer can pick its place."""
     tag = hashlib.sha256(label + round_number.to_bytes(8, "big") + attempt.to_bytes(2, "big") + seed).digest()
     return sorted(members, key=lambda key: hashlib.sha256(tag + key).digest())
+
+
+def shard_committees(round_number: int, seed: bytes, electorate: set[Author] | frozenset[Author], shards: int,
+                     size: int) -> list[list[Author]]:
+    """Who aggregates each of `shards` shards in sharded exchange: `size` distinct members each
+    (fewer only if the electorate is smaller), taken in turn from one order drawn like the
+    proposers', so every member aggregates shards × size / members of them, give or take one.
+    `seed` must be fixed only after the round's contributions are (the certified hash before the
+    round and the followed proposal's op ID): a key or a commit cannot be made to land on a
+    committee of its choosing. Each committee is a uniformly drawn set of `size` members, which
+    is what `node/sharded/plan.py`'s bound assumes."""
+    if shards < 1 or size < 1:
+        raise ValueError("shards and committee size must be positive")
+    order = _drawn_order(b"locomesh committee", round_number, seed, 0, electorate)
+    size = min(size, len(order))
+    return [[order[(shard * size + j) % len(order)] for j in range(size)] for shard in range(shards)]
