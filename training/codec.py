@@ -95,7 +95,6 @@ class Encoder:
         self.error_feedback = error_feedback and mode != "fp32"
         self._compressor = zstandard.ZstdCompressor(level=level, write_content_size=True)
         self.residual: np.ndarray | None = None  # input − decoded of the last encoding
-        self._spare: np.ndarray | None = None  # the next residual is built here, then swapped in
 
     def encode(self, x: np.ndarray) -> bytes:
         """The payload for float32 vector `x` (plus the carried residual when error feedback is on)."""
@@ -117,11 +116,20 @@ class Encoder:
             return self._assemble_shards(x.size, *self._quantize(x, leftover=None), bounds)
         if self.residual is None or self.residual.size != x.size:  # first call, or another model
             self.residual = np.zeros(x.size, dtype=np.float32)
-            self._spare = np.empty(x.size, dtype=np.float32)
-        target = np.add(x, self.residual, out=self._spare)
+        target = self._plus_residual(x)
         scales, codes = self._quantize(target, leftover=target)  # target becomes y − decode(y) ...
-        self.residual, self._spare = target, self.residual  # ... and the residual only once that worked
+        self.residual = target  # ... and the residual only once that worked
         return self._assemble_shards(x.size, scales, codes, bounds)
+
+    def _plus_residual(self, x: np.ndarray) -> np.ndarray:
+        """x + residual: written into the residual itself when the sum is sure to encode (finite and
+        within the float16 scales' range), so the encoder holds one vector of the model's size, not
+        two; otherwise into a new array, so that a failed encoding leaves the residual as it was."""
+        bound = max(abs(float(x.max(initial=0.0))), abs(float(x.min(initial=0.0))))
+        held = max(abs(float(self.residual.max(initial=0.0))), abs(float(self.residual.min(initial=0.0))))
+        if bound + held <= 0.99 * FP16_MAX * _LEVELS[self.mode]:  # False for NaN or ±inf
+            return np.add(x, self.residual, out=self.residual)
+        return np.add(x, self.residual)
 
     def _quantize(self, y: np.ndarray, leftover: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
         """The float16 block scales and the codes (int4: packed) of `y`, as bytes; if `leftover`

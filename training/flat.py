@@ -17,10 +17,18 @@ def param_count(model: nn.Module) -> int:
 
 
 def flatten(model: nn.Module) -> np.ndarray:
-    """A new float32 1-D copy of every parameter of `model`, in `model.parameters()` order."""
+    """A new float32 1-D copy of every parameter of `model`, in `model.parameters()` order. Each
+    parameter is copied straight into its place (a `torch.cat` and a copy of it held the model
+    three times over for a moment)."""
+    flat = np.empty(param_count(model), dtype=np.float32)
+    target = torch.from_numpy(flat)
+    offset = 0
     with torch.no_grad():
-        parts = [parameter.detach().reshape(-1).to(torch.float32) for parameter in model.parameters()]
-        return torch.cat(parts).numpy().copy() if parts else np.zeros(0, dtype=np.float32)
+        for parameter in model.parameters():
+            size = parameter.numel()
+            target[offset : offset + size].copy_(parameter.detach().reshape(-1))
+            offset += size
+    return flat
 
 
 def unflatten_into(model: nn.Module, vector: np.ndarray) -> None:

@@ -120,5 +120,6 @@ class Worker:
                 break
             if stop is not None and stop():
                 break
-        delta = np.subtract(theta, flatten(self.model), dtype=np.float32)
+        delta = flatten(self.model)
+        np.subtract(theta, delta, out=delta, dtype=np.float32)  # Δ = θ_r − θ_i, in the one new array
         return InnerResult(delta, len(losses), float(np.mean(losses)), time.monotonic() - started)

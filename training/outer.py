@@ -168,11 +168,10 @@ class OuterStep:
         aggregates were assembled into `g`."""
         if g.dtype != F32 or g.shape != (self.numel,):
             raise ValueError(f"the aggregate must be a float32 vector of {self.numel} values")
-        replaced = self.theta, self.momentum, self.previous
         g, g_norm, capped = self._cap(g)
-        self._apply(g)
+        replaced = self._apply(g)
+        self._spares.retire(*replaced, self.previous)
         self.previous = g
-        self._spares.retire(*replaced)
         return OuterResult(self.theta, accepted, rejected, g_norm, capped)
 
     def _options_after_rejections(self, rejected: int) -> dict:
@@ -211,12 +210,23 @@ class OuterStep:
             return g, g_norm, False
         return exact.scale(g, cap / g_norm, out=g), g_norm, True  # g is this step's own array
 
-    def _apply(self, g: np.ndarray) -> None:
-        """Nesterov (or plain) momentum and the parameter update (`_momentum_step`). θ and the
-        momentum of the new state are arrays nobody else holds (new, or `SpareVectors`): a state,
-        once made, is never written again while it is held, so it can be stored (or hashed) while
-        the next step runs."""
-        self.theta, self.momentum = self._momentum_step(g)
+    def _apply(self, g: np.ndarray) -> tuple[np.ndarray, ...]:
+        """Nesterov (or plain) momentum and the parameter update (`_momentum_step`). A state, once
+        made, is never written again while it is held, so it can be stored (or hashed) while the
+        next step runs: θ and the momentum are updated in place only when nobody else holds them
+        (no snapshot, view or tensor of them), and otherwise go to arrays nobody holds (new, or
+        `SpareVectors`). In place, the outer state costs θ, momentum, previous aggregate and one
+        spare for the next aggregate: four vectors of the model's size, not six. Returns the
+        arrays it replaced."""
+        in_place = self._unheld("theta") and self._unheld("momentum")
+        replaced = () if in_place else (self.theta, self.momentum)
+        self.theta, self.momentum = self._momentum_step(g, in_place=in_place)
+        return replaced
+
+    def _unheld(self, name: str) -> bool:
+        """Whether this step's array `name` is referenced by nothing but this step: two references
+        while `getrefcount` looks (the attribute and the argument), as in `SpareVectors`."""
+        return sys.getrefcount(getattr(self, name)) == 2
 
     def preview(self, g: np.ndarray) -> np.ndarray:
         """θ after a step whose aggregate were `g`, the state left as it is. A peer training ahead
@@ -224,18 +234,21 @@ class OuterStep:
         g = exact.as_flat_f32(g, what="aggregate")
         if g.size != self.numel:
             raise ValueError(f"the aggregate has {g.size} values, θ has {self.numel}")
-        theta, momentum = self._momentum_step(g)
+        theta, momentum = self._momentum_step(g, in_place=False)
         self._spares.retire(momentum)
         return theta
 
-    def _momentum_step(self, g: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _momentum_step(self, g: np.ndarray, *, in_place: bool) -> tuple[np.ndarray, np.ndarray]:
         """(θ, momentum) after the update with aggregate `g`, one float32 ufunc per operation.
 
         Slab by slab: the same operations in the same order as whole-vector ufuncs (so the same
         bits), but each slab of m, g and θ is read once while it is in cache."""
         mu, lr = F32(self.config.momentum), F32(self.config.lr)
         update = np.empty(min(exact.SLAB, self.numel), dtype=F32)
-        new_theta, new_momentum = self._spares.take(self.numel), self._spares.take(self.numel)
+        if in_place:  # every line below reads a slab before it writes the same slab
+            new_theta, new_momentum = self.theta, self.momentum
+        else:
+            new_theta, new_momentum = self._spares.take(self.numel), self._spares.take(self.numel)
         for start, stop in exact.slabs(self.numel):
             m, grad, u = new_momentum[start:stop], g[start:stop], update[: stop - start]
             np.multiply(self.momentum[start:stop], mu, out=m)

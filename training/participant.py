@@ -122,8 +122,7 @@ class Participant:
             task, model_seed, run_seed, peer_index(key),
             InnerConfig(lr=settings.inner_lr, batch_size=settings.batch_size),
         )
-        # Its own copy of the model: with delayed updates, θ_r is evaluated while round r+2 trains.
-        self.eval_model = copy.deepcopy(self.worker.model)
+        self._eval_model: Any = None  # made on the first evaluation (`evaluate`)
         self.key = key
         self.encoder = Encoder(settings.codec, error_feedback=settings.codec != "fp32")
         self.outer = OuterStep(flatten(self.worker.model), settings.outer_config())
@@ -198,8 +197,10 @@ class Participant:
     def evaluate(self) -> dict[str, float | None]:
         """Eval loss of θ_r on the task's held-out data, with the task's floor (None if unknown).
         Uses a model of its own, so it may run while `train` runs."""
-        unflatten_into(self.eval_model, self.outer.theta)
-        return self.task.evaluate(self.eval_model)
+        if self._eval_model is None:  # its own copy of the model: with delayed updates, θ_r is evaluated while round r+2 trains
+            self._eval_model = copy.deepcopy(self.worker.model)
+        unflatten_into(self._eval_model, self.outer.theta)
+        return self.task.evaluate(self._eval_model)
 
     # --- what a payload and a state of this run can be ---------------------------------------------
 
