@@ -19,7 +19,8 @@ Bytes: each daemon's payload per round; what each daemon actually downloaded (pa
 `bytes_fetched` of its round records) and uploaded (manifests and chunks its checkpoint service
 answered, over the rounds measured and round 1: `bytes_served` / rounds) per round, median and
 max over daemons; and what data-parallel training sends for the same samples (4 bytes x params
-per step). Memory: each daemon's peak RSS (VmHWM) at the end, median and max.
+per step). Memory: each daemon's RSS sampled every 0.5 s while the rounds run (the median of its
+samples: its steady state), and its peak RSS (VmHWM) at the end; median and max over daemons.
 
     .venv/bin/python bench/round_exchange.py [--nodes 4,8] [--rounds 4] [--params 25M]
 """
@@ -27,9 +28,11 @@ per step). Memory: each daemon's peak RSS (VmHWM) at the end, median and max.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -41,12 +44,40 @@ from locomesh.cli.swarm_cmd import create_run, join_all, start_swarm, stop_swarm
 MODELS = {"25M": {"d_model": 592, "n_layer": 6, "n_head": 8, "context": 32}, "small": {}}
 
 
-def peak_rss_mb(pid: int) -> float:
-    """The peak resident set size of process `pid` so far (Linux: VmHWM), in MB."""
+def rss_mb(pid: int, field: str = "VmHWM") -> float:
+    """The peak (VmHWM) or current (VmRSS) resident set size of process `pid` (Linux), in MB."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
+        if line.startswith(field + ":"):
             return int(line.split()[1]) * 1024 / 1e6
-    raise RuntimeError(f"no VmHWM for process {pid}")
+    raise RuntimeError(f"no {field} for process {pid}")
+
+
+class RssSampler:
+    """Each daemon's current RSS every `period` seconds while training runs, in a thread: the
+    steady state (the median of a daemon's samples) beside the peak that VmHWM keeps."""
+
+    def __init__(self, pids: list[int], period: float = 0.5) -> None:
+        self.pids, self.period = pids, period
+        self.samples: dict[int, list[float]] = {pid: [] for pid in pids}
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self.stop.wait(self.period):
+            for pid in self.pids:
+                with contextlib.suppress(OSError, RuntimeError):
+                    self.samples[pid].append(rss_mb(pid, "VmRSS"))
+
+    def __enter__(self) -> "RssSampler":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join()
+
+    def medians(self) -> list[float]:
+        return [statistics.median(values) for values in self.samples.values() if values]
 
 
 def measure(nodes: int, rounds: int, inner_steps: int, model: dict) -> dict:
@@ -59,10 +90,11 @@ def measure(nodes: int, rounds: int, inner_steps: int, model: dict) -> dict:
             run_id = create_run(daemons[0], settings)
             join_all(daemons, run_id)
             started = time.monotonic()
-            statuses = train(daemons, run_id, rounds, timeout=rounds * 600.0)
+            with RssSampler([daemon.pid for daemon in daemons]) as sampler:
+                statuses = train(daemons, run_id, rounds, timeout=rounds * 600.0)
             wall = time.monotonic() - started
             served = [daemon.rpc().call("node.status")["checkpoints"].get("bytes_served") for daemon in daemons]
-            peaks = [peak_rss_mb(daemon.pid) for daemon in daemons]
+            peaks = [rss_mb(daemon.pid) for daemon in daemons]
         finally:
             stop_swarm(daemons)
     records = [r for s in statuses for r in s["history"] if r["round"] > 1 and r["exchange_seconds"] is not None]
@@ -85,6 +117,8 @@ def measure(nodes: int, rounds: int, inner_steps: int, model: dict) -> dict:
         "down_MB_max": round(max(down) / 1e6, 2),
         "up_MB_per_round": round(statistics.median(up) / 1e6, 2),
         "up_MB_max": round(max(up) / 1e6, 2),
+        "rss_MB_median": round(statistics.median(sampler.medians())),
+        "rss_MB_median_max": round(max(sampler.medians())),
         "peak_rss_MB": round(statistics.median(peaks)),
         "peak_rss_MB_max": round(max(peaks)),
         "ddp_MB_per_round": round(4 * params * inner_steps / 1e6, 3),

@@ -255,3 +255,17 @@ def test_mutated_payloads_give_codec_errors_or_finite_vectors(mode, edits, cut):
         assert isinstance(error, CodecError)
         return
     assert decoded.dtype == np.float32 and decoded.shape == (numel,) and np.isfinite(decoded).all()
+
+
+def test_the_residual_is_updated_in_place_unless_the_sum_might_not_encode():
+    """The encoder holds one residual vector: input + residual is written into it when it surely
+    encodes, and into a new array near float16's limit (where a refusal must leave it alone)."""
+    encoder = Encoder("int8", block_size=BLOCK, error_feedback=True)
+    encoder.encode(pseudo_gradient(7))
+    residual = encoder.residual
+    encoder.encode(pseudo_gradient(8))
+    assert encoder.residual is residual
+    near_limit = np.full(NUMEL, 0.995 * 65504 * 127, np.float32)
+    payload = encoder.encode(near_limit)
+    assert encoder.residual is not residual  # the checked path
+    assert np.allclose(decode(payload, NUMEL), near_limit, rtol=1e-2)

@@ -280,3 +280,22 @@ def test_reusing_replaced_arrays_never_changes_a_state_someone_holds():
     for state, hashes in held:
         assert tuple(params_hash(v) for v in state) == hashes
     assert len(reusing._spares._vectors) > 0
+
+
+def test_a_state_nobody_holds_is_updated_in_place_with_the_same_bits():
+    """θ and the momentum are written in place when no one else holds them (a state costs four
+    vectors, not six), and the bits are those of a step that writes new arrays."""
+    rng = np.random.default_rng(12)
+    theta = rng.standard_normal(5_000).astype(np.float32)
+    in_place, copying = OuterStep(theta), OuterStep(theta)
+    for _ in range(4):
+        payloads = {bytes([i]): Encoder("int8").encode(rng.standard_normal(5_000).astype(np.float32)) for i in range(4)}
+        arrays = id(in_place.theta), id(in_place.momentum)
+        held = copying.theta, copying.momentum  # a snapshot being stored: never written again
+        held_hashes = [params_hash(v) for v in held]
+        new_hash = in_place.step(payloads).params_hash
+        assert (id(in_place.theta), id(in_place.momentum)) == arrays
+        assert copying.step(payloads).params_hash == new_hash
+        assert copying.theta is not held[0] and [params_hash(v) for v in held] == held_hashes
+        assert np.array_equal(in_place.momentum, copying.momentum)
+        del held
