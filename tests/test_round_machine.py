@@ -477,11 +477,52 @@ def test_a_proposer_whose_own_set_others_would_refuse_does_not_propose_and_follo
     machine.handle(seen(10.1, commits=commits))
     machine.handle(rm.Fetched(1, A, False, 10.2))
     assert machine.handle(rm.Fetched(1, B, False, 10.3)) == []  # cut at the cutoff: our set is (ME,) alone
-    assert "PublishProposal" not in kinds(machine.handle(seen(13.0, commits=commits)))
+    assert kinds(machine.handle(seen(13.0, commits=commits))) == ["Fetch", "Fetch"]  # asked for again, no proposal
     second = rm.proposer_order(1, b"", {ME, A, B})[1]
     everyone = tuple(sorted((ME, A, B)))
     actions = machine.handle(seen(13.1, commits=commits, proposals={second: everyone}))
-    assert machine.current.chosen == everyone and kinds(actions) == ["Fetch", "Fetch"]
+    assert machine.current.chosen == everyone and actions == []  # both in flight already
+
+
+def test_a_proposer_asks_again_for_what_it_counted_and_proposes_once_its_set_is_acceptable():
+    """Under load the fetches of a cut may fail (no byte for a while); the payloads were committed
+    in time, so the proposer asks for them again, with growing pauses, and proposes when its set
+    names more than half of the electorate, in its turn or, once every turn is over, then."""
+    machine, _ = trained_machine(now=10.0)
+    first = rm.proposer_order(1, b"", {ME, A, B})[0]
+    commits = {A: (b"pa" * 16, 10), B: (b"pb" * 16, 11), ME: (b"p" * 32, 100)}
+    machine.handle(seen(10.1, commits=commits))
+    machine.handle(rm.Fetched(1, A, False, 10.2))
+    machine.handle(rm.Fetched(1, B, False, 10.3))
+    assert kinds(machine.handle(seen(13.0, commits=commits))) == ["Fetch", "Fetch"]
+    assert machine.handle(rm.Fetched(1, B, False, 13.5)) == []  # again: asked for after a pause
+    assert kinds(machine.handle(seen(14.0, commits=commits))) == []
+    assert kinds(machine.handle(seen(14.6, commits=commits))) == ["Fetch"]
+    assert first == ME  # our turn: (ME, A) is two of three
+    actions = machine.handle(rm.Fetched(1, A, True, 15.0))
+    assert kinds(actions) == ["PublishProposal", "StartAggregate"]
+    assert machine.current.following == ME and set(machine.current.chosen) == {ME, A}
+
+
+def test_a_set_that_became_acceptable_after_our_turn_goes_out_when_it_does():
+    """Our turn passed while our fetches were failing (nobody before us proposed); a payload we
+    counted arrives during a later proposer's turn: our set is acceptable now, and goes out."""
+    me = _key_placed(1)
+    machine = rm.RoundMachine(me)
+    machine.handle(seen(0.0, electorate=(me, A, B)))
+    machine.handle(rm.Trained(1, b"p" * 32, 100, 4.0, 10.0))
+    commits = {A: (b"pa" * 16, 10), B: (b"pb" * 16, 11), me: (b"p" * 32, 100)}
+    machine.handle(seen(10.1, electorate=(me, A, B), commits=commits))
+    machine.handle(rm.Fetched(1, A, False, 10.2))
+    machine.handle(rm.Fetched(1, B, False, 10.3))
+    turn = rm.PATIENCE * machine.window()
+    ours_over = 13.0 + 2 * turn
+    for now in (13.0, 13.0 + turn + 0.1, ours_over + 0.1):
+        actions = machine.handle(seen(now, electorate=(me, A, B), commits=commits))
+        assert "PublishProposal" not in kinds(actions)
+    actions = machine.handle(rm.Fetched(1, A, True, ours_over + 1.0))
+    assert kinds(actions) == ["PublishProposal", "StartAggregate"]
+    assert set(machine.current.chosen) == {me, A}
 
 
 def test_the_last_proposer_proposes_even_a_set_the_others_would_refuse():

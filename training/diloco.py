@@ -7,7 +7,9 @@
 3. Byzantine workers, if any, replace their payload with an attack's (`attacks.py`), having seen
    every honest Δ of the round;
 4. the outer step decodes and validates every payload, aggregates robustly and takes the Nesterov
-   step (`outer.py`): θ_{r+1}, the same bits on every peer.
+   step (`outer.py`): θ_{r+1}, the same bits on every peer. With `exchange="sharded"` every payload
+   is cut into shards first and each shard is aggregated on its own (`shards.py`: what the
+   committees compute between them).
 
 `simulate_ddp` is the synchronous data-parallel baseline at equal samples: at every step each of
 the N workers computes the gradient of its own batch, the gradients are averaged (what an exact

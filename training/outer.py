@@ -92,9 +92,10 @@ class EmptyRoundError(ValueError):
 class OuterStep:
     """Holds θ, the momentum buffer and the previous aggregate; `step` advances them one round.
 
-    `step` replaces the three arrays and never writes into an array anyone else still holds,
-    so references taken between steps (a checkpoint being written) stay valid; arrays it has
-    replaced and nobody holds any more are written again (`SpareVectors`).
+    `step` never writes into an array anyone else still holds, so references taken between
+    steps (a checkpoint being written) stay valid: it updates θ and the momentum in place when
+    nobody else holds them, and otherwise replaces them; arrays it has replaced and nobody holds
+    any more are written again (`SpareVectors`).
     """
 
     def __init__(

@@ -30,7 +30,8 @@ part in round c + 1:
    Until it starts aggregating, a peer switches to the proposal of an earlier proposer when one
    appears (so one that moved on too early goes back). A set naming no more than half of the round's
    electorate is refused, our own too while another proposer's turn is to come (a vote for a set
-   nobody follows is lost). A payload of the followed set whose fetch failed is asked for again after a
+   nobody follows is lost); until we follow a proposal, payloads we counted whose fetch failed (under
+   load, bytes can stop for a while) are asked for again, so our set can grow acceptable. A payload of the followed set whose fetch failed is asked for again after a
    pause that doubles with each failure (RETRY_SECONDS, up to MAX_REFETCH_PAUSE): the proposer had
    it, but whoever could serve it may be gone or busy. After ABANDON_AFTER failures the proposal is
    given up for the attempt and the next proposer's turn comes (a proposer that withholds a payload
@@ -73,7 +74,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Callable, Iterable, Iterator
 
 from locomesh.node.rounds.state import MIN_COLLECT_SECONDS, RoundState, Timing  # noqa: F401 - re-exported
 from locomesh.node.rounds.orders import first_round_to_join, proposer_order, state_stewards  # noqa: F401 - re-exported
@@ -246,7 +247,11 @@ class RoundMachine:
             work.failures[done.author] = work.failures.get(done.author, 0) + 1
         if self.phase is Phase.COLLECT:
             return self._maybe_close(done.now)
-        if self.phase is Phase.PROPOSE and work.chosen is not None:
+        if self.phase is Phase.PROPOSE and work.chosen is None:  # our own set may have grown
+            if not done.ok:
+                self._pause_refetch(done.author, done.now)
+            return self._propose_or_follow(done.now)
+        if self.phase is Phase.PROPOSE:
             if done.ok:
                 return self._aggregate_if_ready()
             if work.failures[done.author] >= ABANDON_AFTER and done.author in work.chosen:
@@ -343,16 +348,16 @@ class RoundMachine:
             return []  # the service bounds every fetch; a failure counts as done
         last = max((work.arrivals[a] for a in counted), default=work.first_seen)
         self.spreads.append(last - work.first_seen)
-        mine = {self.me} if work.committed_at <= cutoff else set()
-        work.own_set = tuple(sorted((counted & work.fetched) | mine))
-        work.last_commit = max(last, work.committed_at) if mine else last
+        work.counted, work.counted_ours = frozenset(counted), work.committed_at <= cutoff
+        work.last_commit = max(last, work.committed_at) if work.counted_ours else last
         work.closed_at, self.phase = now, Phase.PROPOSE
         return self._propose_or_follow(now)
 
     def _propose_observe(self, seen: Observation) -> list[Action]:
         actions = self._propose_or_follow(seen.now)
-        if self.phase is Phase.PROPOSE and self.current.chosen is not None:
-            actions += self._refetch(seen.now)  # what failed and has waited its pause
+        if self.phase is Phase.PROPOSE:  # what failed and has waited its pause: the followed set's, or our own's
+            work = self.current
+            actions += self._refetch(seen.now, work.chosen if work.chosen is not None else work.counted)
         return actions
 
     def _propose_or_follow(self, now: float) -> list[Action]:
@@ -366,12 +371,22 @@ class RoundMachine:
                 return [] if proposal == work.chosen else self._follow(proposer, proposal)
             if proposal is None and proposer == self.me and work.chosen is None and now >= starts:
                 # the last proposer proposes anyway: its vote may be the quorum (round 1's creator)
-                if (own := work.own_set) and (self._acceptable(own, seen) or proposer == turns[-1][0]):
-                    return [PublishProposal(work.number, own), *self._follow(self.me, own)]
+                if (own := self._own_set()) and (self._acceptable(own, seen) or proposer == turns[-1][0]):
+                    return self._propose(own)
                 continue
             if now < ends:
                 return []  # still this proposer's turn
         return []
+
+    def _propose(self, own: tuple[Author, ...]) -> list[Action]:
+        return [PublishProposal(self.current.number, own), *self._follow(self.me, own)]
+
+    def _own_set(self) -> tuple[Author, ...]:
+        """What we would propose: the commits we counted by our cut whose payloads we hold now
+        (a set we can serve whole), and ours if it was in by then. It grows as payloads that
+        failed under load are fetched again (`_refetch`)."""
+        work = self.current
+        return tuple(sorted((work.counted & work.fetched) | ({self.me} if work.counted_ours else set())))
 
     def turns(self) -> Iterator[tuple[Author, float, float]]:
         """(proposer, its turn's start, its end) in proposer order, from our cut on. The order is
@@ -400,15 +415,16 @@ class RoundMachine:
     def _follow(self, proposer: Author, proposal: tuple[Author, ...]) -> list[Action]:
         work = self.current
         work.chosen, work.following = proposal, proposer
-        return self._refetch(self.last.now) + self._aggregate_if_ready()
+        return self._refetch(self.last.now, proposal) + self._aggregate_if_ready()
 
-    def _refetch(self, now: float) -> list[Action]:
-        """Fetch what the chosen proposal names and we lack: never seen, or failed before (the
-        proposer had it, so it can be fetched again) and paused long enough since it failed while
-        we followed a proposal. A payload seen and not failed is in flight."""
+    def _refetch(self, now: float, authors: Iterable[Author]) -> list[Action]:
+        """Fetch what `authors` committed and we lack: never seen, or failed before and paused long
+        enough since (`_pause_refetch`). For a followed proposal: its proposer had the payload,
+        so it can be fetched again; for our own set: a payload we counted that failed under load.
+        A payload seen and not failed is in flight."""
         work, seen = self.current, self.last
         actions: list[Action] = []
-        for author in work.chosen:
+        for author in sorted(authors):
             in_flight = author in work.arrivals and author not in work.failed
             if author == self.me or author in work.fetched or in_flight:
                 continue

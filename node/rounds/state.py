@@ -37,7 +37,8 @@ class RoundState:
     refetches: dict[Author, int] = field(default_factory=dict)  # failed fetches while following a proposal
     refetch_at: dict[Author, float] = field(default_factory=dict)  # not asked for again before then
     closed_at: float = 0.0  # when our own cut happened
-    own_set: tuple[Author, ...] = ()  # what we would propose
+    counted: frozenset[Author] = frozenset()  # the others' commits seen by our cut
+    counted_ours: bool = False  # whether our own commit was in by our cut
     chosen: tuple[Author, ...] | None = None  # the proposal we follow
     following: Author | None = None  # its proposer
     abandoned: set[Author] = field(default_factory=set)  # proposers whose set could not be fetched
