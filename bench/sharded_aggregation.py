@@ -97,7 +97,7 @@ def measure(members: int, args: argparse.Namespace) -> dict:
                 shard = sent[author].shards[index]
                 check_shard(shard, index, layout, sent[author].root, sent[author].proof(index), codec="int8")
                 shards[author] = shard
-            values, accepted, _ = aggregate_shard(sharded, layout, index, shards, out=g[start:stop])
+            values, _, _ = aggregate_shard(sharded, layout, index, shards, out=g[start:stop])
             assert shard_result_hash(1, index, values) == published[index][0]
         else:
             fetched, signed = published[index][1], published[index][0]

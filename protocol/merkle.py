@@ -17,7 +17,8 @@ from collections.abc import Sequence
 from .errors import ProtocolError
 
 HASH_SIZE = 32
-MAX_LEAVES = 1 << 20  # far above any shard count; bounds the audit path a peer may send (20 hashes)
+MAX_LEAVES = 1 << 20  # far above any shard count
+MAX_PATH = (MAX_LEAVES - 1).bit_length()  # the deepest tree's audit path: 20 hashes
 
 
 class MerkleError(ProtocolError):
@@ -67,6 +68,8 @@ def verify(leaf: bytes, index: int, count: int, path: Sequence[bytes], expected_
     `MerkleError` otherwise (a wrong leaf, index, count or path length)."""
     if not 0 <= index < count <= MAX_LEAVES:
         raise MerkleError("bad-index", f"leaf {index} of {count} is not in a tree of 1..{MAX_LEAVES} leaves")
+    if len(path) > MAX_PATH:  # before anything walks it: a peer's list may be any length
+        raise MerkleError("bad-path", f"an audit path has at most {MAX_PATH} hashes, got {len(path)}")
     if any(not isinstance(h, bytes) or len(h) != HASH_SIZE for h in path):
         raise MerkleError("bad-path", f"an audit path holds {HASH_SIZE}-byte hashes")
     # RFC 9162 §2.1.3.2: walk up, the last node of a level being promoted when it has no sibling.

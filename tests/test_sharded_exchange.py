@@ -97,6 +97,9 @@ def test_a_wrong_leaf_count_or_path_is_a_typed_error():
     with pytest.raises(merkle.MerkleError) as error:
         merkle.verify(leaves[0], 6, 6, path, root)
     assert error.value.code == "bad-index"
+    with pytest.raises(merkle.MerkleError) as error:  # refused on its length, before it is walked
+        merkle.verify(leaves[4], 4, 6, [b"\0" * 32] * (merkle.MAX_PATH + 1), root)
+    assert error.value.code == "bad-path"
     # An inner node is not a leaf: the pair's node hash does not verify as leaf 0 of a 3-leaf tree.
     pair = merkle.root(leaves[:2])
     with pytest.raises(merkle.MerkleError):

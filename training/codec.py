@@ -161,13 +161,7 @@ class Encoder:
 
     def _assemble_shards(self, numel: int, scales: np.ndarray | bytes, codes: np.ndarray,
                          bounds: Sequence[tuple[int, int]]) -> list[bytes]:
-        return [self._assemble(stop - start, body) for start, stop, body in
-                _shard_bodies(self.mode, self.block_size, numel, scales, codes, bounds)]
-
-    def _assemble(self, numel: int, body: np.ndarray | bytes) -> bytes:
-        header = _header(self.mode, numel, self.block_size)
-        frame = self._compressor.compress(memoryview(body))
-        return len(header).to_bytes(2, "big") + header + frame
+        return _assemble_shards(self._compressor, self.mode, self.block_size, numel, scales, codes, bounds)
 
 
 def split_payload(payload: bytes, numel: int, bounds: Sequence[tuple[int, int]], *,
@@ -180,8 +174,8 @@ def split_payload(payload: bytes, numel: int, bounds: Sequence[tuple[int, int]],
     _check_bounds(bounds, numel, block)
     body = np.frombuffer(_inflate(frame, _body_length(mode, numel, block)), dtype=np.uint8)
     scale_bytes = 0 if mode == "fp32" else 2 * -(-numel // block)
-    encoder = Encoder(mode, block_size=block or DEFAULT_BLOCK, error_feedback=False)
-    return encoder._assemble_shards(numel, body[:scale_bytes], body[scale_bytes:], bounds)
+    compressor = zstandard.ZstdCompressor(level=DEFAULT_LEVEL, write_content_size=True)
+    return _assemble_shards(compressor, mode, block, numel, body[:scale_bytes], body[scale_bytes:], bounds)
 
 
 def max_payload_size(mode: str, numel: int, block_size: int = DEFAULT_BLOCK) -> int:
@@ -304,14 +298,14 @@ def non_finite_payload(mode: str, value: float, numel: int, *, block_size: int =
     Quantized modes carry `value` as every block's scale (codes all 1); fp32
     carries it raw. `decode` must refuse it.
     """
-    encoder = Encoder(mode, block_size=block_size, error_feedback=False)
+    compressor = zstandard.ZstdCompressor(level=DEFAULT_LEVEL, write_content_size=True)
     if mode == "fp32":
-        return encoder._assemble(numel, np.full(numel, value, dtype="<f4").view(np.uint8))
+        return _assemble(compressor, mode, 0, numel, np.full(numel, value, dtype="<f4").view(np.uint8))
     blocks = -(-numel // block_size)
     scales = np.full(blocks, value, dtype="<f2").view(np.uint8)
     code_bytes = (numel + 1) // 2 if mode == "int4" else numel
     codes = np.full(code_bytes, 0x11 if mode == "int4" else 1, dtype=np.uint8)
-    return encoder._assemble(numel, np.concatenate([scales, codes]))
+    return _assemble(compressor, mode, block_size, numel, np.concatenate([scales, codes]))
 
 
 # -- encoding helpers ----------------------------------------------------------
@@ -328,18 +322,26 @@ def _check_bounds(bounds: Sequence[tuple[int, int]], numel: int, block: int) -> 
         raise ValueError(f"ranges end at {position}, the vector has {numel} values")
 
 
-def _shard_bodies(mode: str, block: int, numel: int, scales: np.ndarray | bytes, codes: np.ndarray,
-                  bounds: Sequence[tuple[int, int]]):
-    """(start, stop, body) for each range: its block scales, then its codes (fp32: its values).
-    Ranges start on block boundaries, and so (blocks being even) on whole bytes of int4 codes."""
+def _assemble_shards(compressor: zstandard.ZstdCompressor, mode: str, block: int, numel: int,
+                     scales: np.ndarray | bytes, codes: np.ndarray, bounds: Sequence[tuple[int, int]]) -> list[bytes]:
+    """The payload of each range: its block scales, then its codes (fp32: its values). Ranges start
+    on block boundaries, and so (blocks being even) on whole bytes of int4 codes."""
     scales = np.frombuffer(scales, dtype=np.uint8) if isinstance(scales, bytes) else scales
+    payloads = []
     for start, stop in bounds:
         if mode == "fp32":
-            yield start, stop, codes[4 * start : 4 * stop]
-            continue
-        own_scales = scales[2 * (start // block) : 2 * -(-stop // block)]
-        own_codes = codes[start // 2 : (stop + 1) // 2] if mode == "int4" else codes[start:stop]
-        yield start, stop, np.concatenate([own_scales, own_codes])
+            body = codes[4 * start : 4 * stop]
+        else:
+            own_scales = scales[2 * (start // block) : 2 * -(-stop // block)]
+            own_codes = codes[start // 2 : (stop + 1) // 2] if mode == "int4" else codes[start:stop]
+            body = np.concatenate([own_scales, own_codes])
+        payloads.append(_assemble(compressor, mode, block, stop - start, body))
+    return payloads
+
+
+def _assemble(compressor: zstandard.ZstdCompressor, mode: str, block: int, numel: int, body: np.ndarray | bytes) -> bytes:
+    header = _header(mode, numel, block)
+    return len(header).to_bytes(2, "big") + header + compressor.compress(memoryview(body))
 
 
 def _check_block_size(block: int) -> None:

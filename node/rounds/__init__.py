@@ -4,6 +4,8 @@ Modules, one job each:
 
 * `events`: the round machine's vocabulary (phases, the events fed in, the actions returned);
 * `machine`: one peer's round protocol, a sans-IO state machine (the theory of operation is there);
+  `replay` holds its handlers for replaying a round certified without us, `state` what it records,
+  `orders` who proposes, stewards and (sharded exchange) sits on which committee;
 * `work`: what a peer keeps about the round it works on and the rounds it finished;
 * `participation`: the trio layer that carries out the machine's actions for one run;
 * `service`: `run.join` / `run.leave` / `run.status`, one participation per joined run.

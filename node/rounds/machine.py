@@ -31,7 +31,8 @@ part in round c + 1:
    appears (so one that moved on too early goes back). A set naming no more than half of the round's
    electorate is refused, our own too while another proposer's turn is to come (a vote for a set
    nobody follows is lost); until we follow a proposal, payloads we counted whose fetch failed (under
-   load, bytes can stop for a while) are asked for again, so our set can grow acceptable. A payload of the followed set whose fetch failed is asked for again after a
+   load, bytes can stop for a while) are asked for again, so our set can grow acceptable. A payload
+   of the followed set whose fetch failed is asked for again after a
    pause that doubles with each failure (RETRY_SECONDS, up to MAX_REFETCH_PAUSE): the proposer had
    it, but whoever could serve it may be gone or busy. After ABANDON_AFTER failures the proposal is
    given up for the attempt and the next proposer's turn comes (a proposer that withholds a payload
@@ -76,6 +77,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator
 
+from locomesh.node.rounds.replay import Replaying
 from locomesh.node.rounds.state import MIN_COLLECT_SECONDS, RoundState, Timing  # noqa: F401 - re-exported
 from locomesh.node.rounds.orders import first_round_to_join, proposer_order, state_stewards  # noqa: F401 - re-exported
 from locomesh.node.rounds.events import (  # noqa: F401 - re-exported: callers import the vocabulary from here too
@@ -98,8 +100,9 @@ class ImpossibleEvent(RuntimeError):
     """An event the round protocol cannot take in the phase the machine is in (see `TRANSITIONS`)."""
 
 
-class RoundMachine:
-    """One peer's round protocol in one run. See the module docstring."""
+class RoundMachine(Replaying):
+    """One peer's round protocol in one run. See the module docstring; replaying a round certified
+    without us is `replay.Replaying`'s."""
 
     def __init__(self, me: Author, *, state_round: int = 0, state_hash: bytes | None = None, timing: Timing | None = None):
         self.me = me
@@ -295,43 +298,6 @@ class RoundMachine:
         self._adopt(done.round, done.state_hash)
         actions: list[Action] = [RoundDone(done.round, done.state_hash, 0, synced=True)]
         return actions + (self._idle_observe(self.last) if self.last is not None else [])
-
-    # --- replaying a round certified without us ----------------------------------------------------
-
-    def _replay_set(self, seen: Observation) -> tuple[Author, ...] | None:
-        """The first proposal of the certified round, in proposer order, whose payloads we hold
-        or are fetching (ours only if we committed it); None if there is none."""
-        work = self.current
-        ours = {self.me} if work.committed_at is not None else set()
-        coming = work.fetched | (set(work.arrivals) - work.failed)
-        for proposer in proposer_order(work.number, work.seed, set(seen.certified_proposals)):
-            authors = seen.certified_proposals[proposer]
-            if set(authors) <= coming | ours:
-                return authors
-        return None
-
-    def _start_replay(self, authors: tuple[Author, ...]) -> list[Action]:
-        work = self.current
-        work.chosen, work.replay, self.phase = authors, True, Phase.REPLAY
-        return [StopTraining(work.number), *self._replay_if_ready()]
-
-    def _replay_fetched(self, done: Fetched) -> list[Action]:
-        """A payload arrived (or failed) while we wait to replay: replay once the set is in; a
-        failure means the set cannot be rebuilt here, so sync."""
-        work, seen = self.current, self.last
-        if not done.ok and done.author in work.chosen:
-            self.phase, self.current = Phase.SYNC, RoundState(seen.certified, seen.now)
-            return [Discard(work.number), StartSync(seen.certified, seen.certified_hash)]
-        if done.ok:
-            work.fetched.add(done.author)
-        return self._replay_if_ready()
-
-    def _replay_if_ready(self) -> list[Action]:
-        work = self.current
-        if not set(work.chosen) - {self.me} <= work.fetched:
-            return []
-        self.phase = Phase.AGGREGATE
-        return [StartAggregate(work.number, work.chosen, work.last_commit, replay=True)]
 
     # --- helpers ----------------------------------------------------------------------------------
 

@@ -34,7 +34,7 @@ class RoundState:
     fetched: set[Author] = field(default_factory=set)
     failed: set[Author] = field(default_factory=set)
     failures: dict[Author, int] = field(default_factory=dict)  # failed fetches of each author's payload
-    refetches: dict[Author, int] = field(default_factory=dict)  # failed fetches while following a proposal
+    refetches: dict[Author, int] = field(default_factory=dict)  # failed fetches after our cut (they set refetch_at)
     refetch_at: dict[Author, float] = field(default_factory=dict)  # not asked for again before then
     closed_at: float = 0.0  # when our own cut happened
     counted: frozenset[Author] = frozenset()  # the others' commits seen by our cut
