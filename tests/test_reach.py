@@ -155,7 +155,13 @@ async def start_mesh(nursery, identity_factory, asker_addresses=None):
     asker = Node.create(identity_factory(13), listen_addrs=LOOPBACK, services=[services[0]], bootstrap=bootstrap)
     await nursery.start(dialer.run)
     await nursery.start(asker.run)
-    await wait_for(lambda: asker.peer_id in helper.peers and dialer.peer_id in helper.peers)
+    # Both ends of each connection: an asker that does not yet see its helper asks no one.
+    await wait_for(
+        lambda: asker.peer_id in helper.peers
+        and dialer.peer_id in helper.peers
+        and helper.peer_id in asker.peers
+        and helper.peer_id in dialer.peers
+    )
     return (asker, services[0]), (helper, services[1]), (dialer, services[2])
 
 
