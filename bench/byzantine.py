@@ -7,6 +7,13 @@ the round's honest pseudo-gradients. Settings: N=8 with f=1 and f=2 (1/8, 1/4), 
 Each attacked run is compared with two clean runs (all N workers honest): the same aggregator with
 the same options ("vs_clean"), and the plain mean ("vs_mean").
 
+The adaptive attacks (training/attacks.py) know the aggregator under test, its centre, radius and
+options: the inside-the-radius family ("inside_<direction>_<fraction>", and "_opt" with the
+fraction searched every round), min_max and min_sum, mimic, and ALIE and IPM with their scale
+searched every round ("alie_opt", "ipm_opt"). Their harm adds up over rounds through the outer
+momentum, so runs are 12 rounds long and every row keeps its loss curve; the summary shows the
+default's curve against its clean run's.
+
 ALIE runs once at the paper's z_max ("alie") and once at every z of `--alie-z` ("alie_z4", ...):
 the omniscient attacker also picks its scale, and the report gives, per aggregator, the z that hurt
 most ("alie worst z"). Why: z_max hides the attackers inside the honest spread, which in this
@@ -16,8 +23,8 @@ training/attacks.py), so z_max alone leaves every aggregator, the mean included,
 aggregator (Allouah et al. 2023); here one z is held for a whole run and the grid is searched on
 the final loss instead.
 
-Targets: centered_clip (the default) within 3% of its clean run under every attack, every ALIE z
-included, at f/N ≤ 1/4 and within 5% at 1/3; clean centered_clip within 0.5% of clean mean; the
+Targets: centered_clip (the default) within 1% of its clean run under every attack, every ALIE z
+included, at f/N ≤ 1/4 and within 2% at 1/3; clean centered_clip within 0.5% of clean mean; the
 mean visibly fails under sign_flip_x100 and under ALIE at its worst z, "visibly" meaning worse than
 the default's tolerance at that f/N (the mean would miss the target the default meets).
 
@@ -44,21 +51,26 @@ from locomesh.training.diloco import DiLoCoConfig, simulate_diloco  # noqa: E402
 from locomesh.training.inner import InnerConfig  # noqa: E402
 from locomesh.training.tasks import get_task  # noqa: E402
 
-ATTACKS = ["sign_flip", "sign_flip_x100", "gaussian", "alie", "ipm", "nan", "inf", "zero", "replay"]
+ATTACKS = ["sign_flip", "sign_flip_x100", "gaussian", "alie", "ipm", "nan", "inf", "zero", "replay",
+           "inside_random_0.5", "inside_random_0.95", "inside_random_opt", "inside_against_0.95",
+           "inside_against_opt", "inside_orthogonal_0.95", "inside_orthogonal_opt",
+           "min_max", "min_sum", "mimic", "alie_opt", "ipm_opt"]
 AGGREGATORS = ["mean", "coordinate_median", "trimmed_mean", "geometric_median", "krum", "centered_clip"]
 SETTINGS = [(8, 1), (8, 2), (9, 3)]  # (N, f)
 # A small model on a first-order chain: it learns in a few hundred steps, so the grid stays cheap.
 TASK = {"alphabet": 16, "order": 1, "context": 32, "n_layer": 1, "n_head": 2, "d_model": 32,
         "eval_sequences": 512}
 DEFAULT = "centered_clip"
+PEER_MOMENTUM = "+pm"  # an aggregator label's suffix: the momentum aggregated per peer (training/outer.py)
 ALIE_Z = [1, 2, 4, 8, 16, 32, 64]  # the omniscient attacker's choices of z besides the paper's z_max
-TARGET_PERCENT = {True: 3.0, False: 5.0}  # keyed by f/N <= 1/4
+TARGET_PERCENT = {True: 1.0, False: 2.0}  # keyed by f/N <= 1/4
+CURVE_POINTS = 4  # rounds shown per curve in the summary (evenly spaced, the last included)
 
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--rounds", type=int, default=12)
     parser.add_argument("--inner-steps", type=int, default=15)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--inner-lr", type=float, default=1e-2)
@@ -80,6 +92,7 @@ def parse_args() -> argparse.Namespace:
 
 def aggregator_options(name: str, workers: int, byzantine: int) -> dict:
     """What the run's manifest would say for an expected f Byzantine workers out of N."""
+    name = name.removesuffix(PEER_MOMENTUM)
     if name == "krum":
         return {"f": byzantine}
     if name == "trimmed_mean":
@@ -91,29 +104,40 @@ class Grid:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.task = get_task("synthetic-lm", TASK)
-        self.clean_cache: dict[tuple, float] = {}
+        self.clean_cache: dict[tuple, Curve] = {}
 
     def config(self, workers: int, aggregator: str, options: dict, exchange: str) -> DiLoCoConfig:
+        """An aggregator label ending in "+pm" runs that aggregator with peer momentum (outer.py)."""
         inner = InnerConfig(lr=self.args.inner_lr, batch_size=self.args.batch)
         return DiLoCoConfig(
             workers=workers, rounds=self.args.rounds, inner_steps=self.args.inner_steps,
             inner=inner, codec="int8", error_feedback=True,
-            aggregator=aggregator, aggregator_options=options,
+            aggregator=aggregator.removesuffix(PEER_MOMENTUM), aggregator_options=options,
+            peer_momentum=aggregator.endswith(PEER_MOMENTUM),
             exchange=exchange, shard_values=self.args.shard_values,
         )
 
-    def run(self, workers: int, aggregator: str, options: dict, byzantine: dict, exchange: str | None = None) -> float | str:
+    def run(self, workers: int, aggregator: str, options: dict, byzantine: dict, exchange: str | None = None) -> Curve:
+        """The eval loss after every round, or the error that ended the run."""
         exchange = exchange or self.args.exchange.replace("both", "allgather")
         try:
-            return simulate_diloco(self.task, self.config(workers, aggregator, options, exchange), byzantine).loss
+            result = simulate_diloco(self.task, self.config(workers, aggregator, options, exchange), byzantine)
         except AggregatorError as error:  # e.g. Krum left with too few accepted contributions
             return f"error: {error}"
+        return [record.eval_loss for record in result.history]
 
-    def clean(self, workers: int, aggregator: str, options: dict, exchange: str | None = None) -> float:
+    def clean(self, workers: int, aggregator: str, options: dict, exchange: str | None = None) -> Curve:
         key = (workers, aggregator, tuple(sorted(options.items())), exchange)
         if key not in self.clean_cache:
             self.clean_cache[key] = self.run(workers, aggregator, options, {}, exchange)
         return self.clean_cache[key]
+
+
+Curve = list[float] | str  # eval loss per round, or an error
+
+
+def final(curve: Curve) -> float | str:
+    return curve[-1] if isinstance(curve, list) else curve
 
 
 def alie_grid(args: argparse.Namespace) -> list[float]:
@@ -164,8 +188,8 @@ def main() -> None:
                 add_sharded(rows[-1], grid.clean(workers, aggregator, options, "sharded"))
             for attack in attack_labels(args):
                 byzantine = {workers - 1 - i: attack_for(attack) for i in range(f)}
-                loss = grid.run(workers, aggregator, options, byzantine)
-                rows.append(cell(workers, f, attack, aggregator, loss, clean, clean_mean))
+                curve = grid.run(workers, aggregator, options, byzantine)
+                rows.append(cell(workers, f, attack, aggregator, curve, clean, clean_mean))
                 if args.exchange == "both":
                     add_sharded(rows[-1], grid.run(workers, aggregator, options, byzantine, "sharded"))
                 print(json.dumps(rows[-1]), file=sys.stderr, flush=True)  # progress, one row a line
@@ -193,22 +217,26 @@ def main() -> None:
     print(summary(rows))
 
 
-def cell(workers, f, attack, aggregator, loss, clean, clean_mean) -> dict:
+def cell(workers, f, attack, aggregator, curve: Curve, clean: Curve, clean_mean: Curve) -> dict:
+    """One run's row: its final loss against the clean runs', and its curve against its clean one."""
     return {
         "N": workers,
         "f": f,
         "attack": attack,
         "aggregator": aggregator,
-        "loss": loss,
-        "vs_clean": ratio(loss, clean),
-        "vs_mean": ratio(loss, clean_mean),
+        "loss": final(curve),
+        "vs_clean": ratio(final(curve), final(clean)),
+        "vs_mean": ratio(final(curve), final(clean_mean)),
+        "curve": [round(loss, 5) for loss in curve] if isinstance(curve, list) else curve,
+        "curve_vs_clean": ([round(ratio(a, b), 5) for a, b in zip(curve, clean)]
+                           if isinstance(curve, list) and isinstance(clean, list) else "n/a"),
     }
 
 
-def add_sharded(row: dict, loss: float | str) -> None:
+def add_sharded(row: dict, curve: Curve) -> None:
     """The same cell in sharded exchange (where "loss" is allgather's): its loss and the ratio."""
-    row["sharded_loss"] = loss
-    row["sharded_vs_allgather"] = ratio(loss, row["loss"])
+    row["sharded_loss"] = final(curve)
+    row["sharded_vs_allgather"] = ratio(final(curve), row["loss"])
 
 
 def summary(rows: list[dict]) -> str:
@@ -225,8 +253,27 @@ def summary(rows: list[dict]) -> str:
             table["alie worst z"][aggregator] = "n/a" if row is None else f"{percent(row['vs_clean'])} ({z_of(row)})"
         lines += [f"N={workers}, f={f}: loss vs the same aggregator's clean run", "",
                   markdown_table(list(table.values())), ""]
-    lines += targets(rows) + exchange_targets(rows)
+    lines += curves(rows) + targets(rows) + exchange_targets(rows)
     return "\n".join(lines)
+
+
+def curves(rows: list[dict]) -> list[str]:
+    """Per setting, the default's loss against its clean run's at a few rounds, worst attacks
+    first: an attack whose harm grows round by round shows here before it shows at the end."""
+    lines = []
+    for workers, f in settings_of(rows):
+        attacked = [r for r in rows_of(rows, workers, f, DEFAULT) if r["attack"] != "none" and isinstance(r["curve"], list)]
+        if not attacked:
+            continue
+        rounds = len(attacked[0]["curve"])
+        shown_rounds = sorted({max(1, round(rounds * (k + 1) / CURVE_POINTS)) for k in range(CURVE_POINTS)})
+        table = []
+        for r in sorted(attacked, key=lambda r: -r["vs_clean"] if isinstance(r["vs_clean"], float) else 0.0):
+            entry = {"attack": r["attack"]}
+            entry.update({f"round {k}": percent(r["curve_vs_clean"][k - 1]) for k in shown_rounds})
+            table.append(entry)
+        lines += [f"N={workers}, f={f}: {DEFAULT} vs its clean run, by round", "", markdown_table(table), ""]
+    return lines
 
 
 def exchange_targets(rows: list[dict]) -> list[str]:

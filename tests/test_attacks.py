@@ -158,3 +158,101 @@ def test_in_a_run_alie_at_a_large_z_undoes_training_with_mean_not_with_centered_
     assert clean.loss < initial - 0.5  # training works here ...
     assert broken.loss > initial  # ... and the attack on the mean undoes all of it
     assert robust.loss < clean.loss * 1.01
+
+
+# -- adaptive attacks: they know the aggregator, its centre and radius -----------------------
+
+
+def _adaptive_view(aggregate=None, previous=None, round_index: int = 1, seed: int = 7) -> AttackView:
+    view = _view(round_index=round_index)
+    rng = np.random.default_rng(seed)
+    honest = [(rng.standard_normal(NUMEL) + 1.0).astype(np.float32) for _ in view.honest_deltas]
+    return AttackView(**{**view.__dict__, "honest_deltas": honest, "previous": previous, "aggregate": aggregate})
+
+
+def test_min_max_goes_exactly_as_far_as_the_honest_diameter_allows():
+    view = _adaptive_view()
+    sent, honest = attacks.min_max(view).astype(np.float64), _honest(view)
+    mean = honest.mean(0)
+    diameter = max(np.linalg.norm(x - y) for x in honest for y in honest)
+    farthest = max(np.linalg.norm(sent - x) for x in honest)
+    assert farthest == pytest.approx(diameter, rel=1e-5)
+    direction = (sent - mean) / np.linalg.norm(sent - mean)
+    np.testing.assert_allclose(direction, -mean / np.linalg.norm(mean), atol=1e-5)  # along −μ
+
+
+def test_min_sum_sums_to_exactly_the_worst_honest_sum():
+    view = _adaptive_view()
+    sent, honest = attacks.min_sum(view).astype(np.float64), _honest(view)
+    worst = max(sum(np.sum((x - y) ** 2) for y in honest) for x in honest)
+    assert sum(np.sum((sent - x) ** 2) for x in honest) == pytest.approx(worst, rel=1e-5)
+    assert np.linalg.norm(sent - honest.mean(0)) > 1.0
+
+
+def test_mimic_copies_the_honest_delta_farthest_along_the_spread():
+    rng = np.random.default_rng(3)
+    axis = rng.standard_normal(NUMEL)
+    along = [-3.0, 5.0, 1.0, -2.0, 0.5, -1.5]  # worker 1 is the farthest along the axis
+    view = _view()
+    honest = [(a * axis + 0.01 * rng.standard_normal(NUMEL)).astype(np.float32) for a in along]
+    view = AttackView(**{**view.__dict__, "honest_deltas": honest})
+    attack = attacks.mimic()
+    sent = attack(view)
+    assert any(np.array_equal(sent, h) for h in honest)
+    chosen = next(i for i, h in enumerate(honest) if np.array_equal(sent, h))
+    assert chosen in (1, 0)  # the top direction's sign is arbitrary: one end of the spread or the other
+    assert np.array_equal(attack(view), sent)  # the direction is kept from round to round
+
+
+@pytest.mark.parametrize("direction", attacks.DIRECTIONS)
+def test_inside_the_radius_sits_at_its_fraction_of_the_radius_along_a_held_direction(direction):
+    previous = np.full(NUMEL, 0.9, np.float32)
+    view = _adaptive_view(previous=previous)
+    honest = _honest(view)
+    distances = sorted([0.0, 0.0] + [float(np.linalg.norm(x - previous)) for x in honest])
+    tau = distances[(8 - 1) // 2]  # CenteredClip's lower median, the two attackers counted inside
+    sent = attacks.inside_radius(0.5, direction)(view).astype(np.float64)
+    offset = sent - previous
+    assert np.linalg.norm(offset) == pytest.approx(0.5 * tau, rel=1e-5)
+    mean = honest.mean(0)
+    cosine = float(np.dot(offset, mean)) / (np.linalg.norm(offset) * np.linalg.norm(mean))
+    assert cosine == pytest.approx({"against": -1.0, "orthogonal": 0.0}.get(direction, cosine), abs=1e-5)
+    other_round = attacks.inside_radius(0.5, direction)(_adaptive_view(previous=previous, round_index=2, seed=8))
+    other = other_round.astype(np.float64) - previous
+    held = float(np.dot(offset, other)) / (np.linalg.norm(offset) * np.linalg.norm(other))
+    if direction != "against":  # (that one follows this round's honest mean)
+        assert held > 0.9  # the same direction, round after round
+
+
+def _refusing_far_points(limit: float):
+    """A toy aggregator that drops every row farther than `limit` from the rows' median (a detector)."""
+    def aggregate(rows, center=None):
+        stack = np.stack(rows).astype(np.float64)
+        median = np.median(stack, axis=0)
+        kept = [row for row in stack if np.linalg.norm(row - median) <= limit]
+        return np.mean(kept, axis=0).astype(np.float32)
+    return aggregate
+
+
+def test_searched_alie_picks_the_largest_scale_the_aggregator_still_lets_through():
+    view = _adaptive_view()
+    honest = _honest(view)
+    mean, std = honest.mean(0), honest.std(0, ddof=1)
+    limit = 4.0 * float(np.linalg.norm(std))
+    sent = attacks.alie_searched(AttackView(**{**view.__dict__, "aggregate": _refusing_far_points(limit)}))
+    z = float(np.dot(mean - sent, std) / np.dot(std, std))
+
+    def let_through(scale: float) -> bool:
+        candidate = (mean - scale * std).astype(np.float32).astype(np.float64)
+        median = np.median(np.vstack([honest, candidate, candidate]), axis=0)
+        return bool(np.linalg.norm(candidate - median) <= limit)
+
+    assert not let_through(max(attacks.SEARCH_SCALES))  # the detector has teeth ...
+    assert z == pytest.approx(max(s for s in attacks.SEARCH_SCALES if let_through(s)), rel=1e-3)  # ... and is probed to its edge
+    unbounded = attacks.alie_searched(AttackView(**{**view.__dict__, "aggregate": lambda rows, center=None: np.mean(rows, axis=0)}))
+    assert float(np.dot(mean - unbounded, std) / np.dot(std, std)) == pytest.approx(max(attacks.SEARCH_SCALES), rel=1e-3)
+
+
+def test_searched_attacks_need_the_aggregator():
+    with pytest.raises(ValueError, match="aggregator"):
+        attacks.ipm_searched(_adaptive_view())

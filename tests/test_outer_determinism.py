@@ -22,7 +22,7 @@ from locomesh.training.outer import EmptyRoundError, OuterStep, SpareVectors, pa
 
 NUMEL = 100_001  # several slabs and a ragged tail
 AUTHORS = 6
-ROUNDS = 2
+ROUNDS = 3  # the third round's peer momenta have a history
 AGGREGATORS = [
     ("centered_clip", {}),
     ("mean", {}),
@@ -64,6 +64,15 @@ for r in range(spec["rounds"]):
     result = sharded_step(step, layout, payloads)
     hashes.append([result.params_hash, sorted(a.decode() for a in result.rejected), result.capped])
 exact["centered_clip@sharded"] = hashes
+
+# Peer momentum: every author's momentum, aggregated (training/outer.py).
+step = OuterStep(theta, max_update_norm=spec["cap"], peer_momentum=True)
+hashes = []
+for r in range(spec["rounds"]):
+    payloads = {a.encode(): (folder / f"{r}-{a}.bin").read_bytes() for a in spec["authors"]}
+    result = step.step(payloads)
+    hashes.append([result.params_hash, sorted(a.decode() for a in result.rejected), result.capped])
+exact["centered_clip+peer_momentum"] = hashes
 
 import hashlib, torch
 def digest(t):
@@ -137,7 +146,7 @@ def outcomes(tmp_path_factory):
 def test_outer_step_is_bit_identical_under_every_setting(outcomes):
     _, results = outcomes
     reference = results[next(iter(SETTINGS))]["exact"]
-    assert set(reference) == {name for name, _ in AGGREGATORS} | {"centered_clip@sharded"}
+    assert set(reference) == {name for name, _ in AGGREGATORS} | {"centered_clip@sharded", "centered_clip+peer_momentum"}
     for label, result in results.items():
         assert result["exact"] == reference, f"{label} computed other bits"
 
@@ -155,7 +164,7 @@ def test_subprocesses_agree_with_this_process(outcomes):
         mine.append([result.params_hash, sorted(a.decode() for a in result.rejected), result.capped])
     assert mine == reference["centered_clip"]
     assert mine[1][1] == ["author-0"] and mine[0][2]
-    assert len({hashes[-1][0] for hashes in reference.values()}) == len(AGGREGATORS) + 1  # they do differ
+    assert len({hashes[-1][0] for hashes in reference.values()}) == len(AGGREGATORS) + 2  # they do differ
     assert reference["centered_clip@sharded"][1][1] == ["author-0"]  # the NaN payload fails in its shards too
 
 

@@ -15,6 +15,16 @@ run's codec, so it is a well-formed payload) or raw payload bytes (for attacks o
 | nan, inf       | a payload whose values are NaN / +Inf: the decoder must reject it             |
 | zero           | an all-zero Δ (a free rider that trains nothing)                              |
 | replay         | an honest payload from an earlier round, resent unchanged                     |
+| inside_*       | the centre + a·τ·u: inside CenteredClip's radius τ around its centre, along one |
+|                | direction u for the whole run (`inside_radius`; Ozfatura et al. 2023)         |
+| min_max        | μ + γ·p, the largest γ whose farthest honest distance is within the honest    |
+|                | diameter (Shejwalkar & Houmansadr 2021), p = −μ/‖μ‖                           |
+| min_sum        | μ + γ·p, the largest γ whose summed squared distances stay within the honest  |
+|                | worst's (the same paper)                                                      |
+| mimic          | a copy of the honest Δ farthest along the honest spread's top direction       |
+|                | (Karimireddy, He & Jaggi 2022)                                                |
+| alie_opt       | ALIE with z searched every round against the aggregator under test            |
+| ipm_opt        | IPM with ε searched every round against the aggregator under test             |
 
 ALIE at the paper's z_max is built to hide inside the honest spread, and it only bites when that
 spread, summed over many steps, matters: it moves the plain mean by (f/n)·z_max·σ per coordinate,
@@ -26,6 +36,13 @@ as used by Allouah et al. 2023, "Fixing by Mixing"). bench/byzantine.py runs z_m
 larger z and reports, per aggregator, the worst one. A large z leaves the "hide in the spread"
 regime: the attackers then sit z·‖σ‖ away from the honest mean, along −σ, and rely on the
 aggregator not bounding their pull.
+
+The adaptive attacks know the aggregator as well as the run does: its centre (`AttackView.previous`,
+the previous round's aggregate, on which CenteredClip centres) and the aggregator itself
+(`AttackView.aggregate`, with the run's options), which the searched ones (`alie_opt`, `ipm_opt`,
+`inside_*_opt`) call on candidate rounds to pick, every round, the scale that moves the result most
+from the honest mean (ByzFL's "optimal" attacks, Allouah et al. 2023). Colluders compute the same
+vector: attacks that keep a direction draw it from a fixed seed, not from the shared `rng`.
 """
 
 from __future__ import annotations
@@ -49,6 +66,13 @@ class AttackView:
     byzantine: int  # f
     rng: np.random.Generator
     encode_non_finite: Callable[[float, int], bytes]  # (value, numel) -> a payload full of `value`
+    previous: np.ndarray | None = None  # the previous round's aggregate: CenteredClip's centre
+    # The run's aggregator (its options and centre included) applied to float32 rows: what the
+    # searched attacks try their candidates on. None where the attacker cannot run it.
+    aggregate: Callable[..., np.ndarray] | None = None  # (rows, center=None) -> the aggregate
+    # With the run's `peer_momentum` (training/outer.py): μ, and the run's momentum m before this round.
+    peer_momentum: float | None = None
+    momentum: np.ndarray | None = None
 
 
 Attack = Callable[[AttackView], "np.ndarray | bytes"]
@@ -148,6 +172,220 @@ def replay(age: int = 1) -> Attack:
     return attack
 
 
+def _center(view: AttackView) -> np.ndarray:
+    """CenteredClip's centre as the attacker knows it: the previous aggregate, else (the first
+    round) the honest coordinate median, which is where the aggregator starts then."""
+    if view.previous is not None:
+        return np.asarray(view.previous, dtype=np.float64)
+    return np.median(_stack(view), axis=0)
+
+
+def _radius(view: AttackView, center: np.ndarray) -> float:
+    """CenteredClip's radius τ (the lower median of all n distances to the centre) when the f
+    attackers sit inside it: they count as the smallest distances."""
+    distances = sorted([0.0] * view.byzantine + [float(np.linalg.norm(x - center)) for x in _stack(view)])
+    return distances[(view.workers - 1) // 2]
+
+
+def _unit(vector: np.ndarray) -> np.ndarray:
+    norm = float(np.linalg.norm(vector))
+    return vector / norm if norm > 0 else vector
+
+
+def _fixed_direction(numel: int, seed: int) -> np.ndarray:
+    """A unit vector drawn from `seed` alone, so that every colluder holds the same one."""
+    return _unit(np.random.default_rng([seed, numel]).standard_normal(numel))
+
+
+DIRECTIONS = ("random", "against", "orthogonal")
+
+
+def _direction(view: AttackView, kind: str, seed: int) -> np.ndarray:
+    """The unit direction an inside-the-radius attacker pushes along this round.
+
+    random: one fixed random direction for the whole run. against: −(honest mean). orthogonal: the
+    fixed random direction with its component along the honest mean removed, so the push neither
+    helps nor visibly opposes descent (Ozfatura et al.'s relocated orthogonal perturbation)."""
+    mean = _honest_mean(view)
+    if kind == "against":
+        return _unit(-mean)
+    fixed = _fixed_direction(mean.size, seed)
+    if kind == "random":
+        return fixed
+    along = _unit(mean)
+    return _unit(fixed - float(np.dot(fixed, along)) * along)
+
+
+def _searched(view: AttackView, candidate: Callable[[float], np.ndarray], scales: Sequence[float],
+              harm: Callable[[np.ndarray], float]) -> np.ndarray:
+    """The candidate whose round (honest Δs and f copies of it, through the run's aggregator) has the
+    largest `harm`; ties go to the smaller scale."""
+    if view.aggregate is None:
+        raise ValueError("a searched attack needs the run's aggregator (AttackView.aggregate)")
+    honest = [np.asarray(delta, dtype=np.float32) for delta in view.honest_deltas]
+    best, best_harm = None, -math.inf
+    for scale in scales:
+        sent = candidate(scale).astype(np.float32)
+        result = np.asarray(view.aggregate([*honest, *[sent] * view.byzantine]), dtype=np.float64)
+        score = harm(result) if np.isfinite(result).all() else -math.inf
+        if score > best_harm:
+            best, best_harm = sent, score
+    assert best is not None, "no scales to search"
+    return best
+
+
+SEARCH_SCALES = tuple(0.25 * 1.5**k for k in range(17))  # 0.25 ... 164, ×1.5 apart
+INSIDE_FRACTIONS = tuple(k / 8 for k in range(1, 17))  # 0.125 ... 2: inside the radius and out to 2τ
+
+
+def inside_radius(fraction: float | None = 0.9, direction: str = "random", seed: int = 0) -> Attack:
+    """The centre + fraction·τ·u: never clipped (fraction < 1), and held along one direction u
+    (`DIRECTIONS`) so that its pull adds up through the outer momentum. `fraction` None searches
+    it every round (`INSIDE_FRACTIONS`) for the largest pull along u through the aggregator.
+
+    Against a run with `peer_momentum` it places its momentum instead: it tracks every honest
+    author's momentum and its own (it sees every Δ), puts its own at the momentum aggregate's
+    centre + fraction·τ_M·u, and sends the Δ that gets it there."""
+    if direction not in DIRECTIONS:
+        raise ValueError(f"direction is one of {DIRECTIONS}, got {direction!r}")
+    if fraction is not None and not (math.isfinite(fraction) and fraction >= 0):
+        raise ValueError(f"inside_radius needs a finite fraction >= 0, got {fraction}")
+    tracked = _MomentumTracker()
+
+    def attack(view: AttackView) -> np.ndarray:
+        u = _direction(view, direction, seed)
+        mean = _honest_mean(view)
+        if view.peer_momentum is not None:
+            return tracked.inside(view, u, fraction)
+        center = _center(view)
+        tau = _radius(view, center)
+        if fraction is not None:
+            return (center + fraction * tau * u).astype(np.float32)
+        return _searched(view, lambda a: center + a * tau * u, INSIDE_FRACTIONS,
+                         harm=lambda result: float(np.dot(result - mean, u)))
+
+    return attack
+
+
+class _MomentumTracker:
+    """An omniscient attacker's copy of a `peer_momentum` run's per-author momenta: the honest
+    authors' (from their Δs, in worker order) and its own (from what it sent)."""
+
+    def __init__(self) -> None:
+        self.round: int | None = None
+        self.honest: list[np.ndarray] = []
+        self.own: np.ndarray | None = None  # our momentum after the last round
+        self.pending_own: np.ndarray | None = None  # ... after this one
+
+    def inside(self, view: AttackView, u: np.ndarray, fraction: float | None) -> np.ndarray:
+        if self.round != view.round_index:  # a tracker several colluders share advances once a round
+            self._advance(view)
+        mu = float(view.peer_momentum)
+        run_momentum = np.asarray(view.momentum, dtype=np.float64)
+        honest_aggregate = np.asarray(view.aggregate(list(view.honest_deltas)), dtype=np.float64)
+        center = mu * run_momentum + honest_aggregate
+        distances = sorted([0.0] * view.byzantine + [float(np.linalg.norm(m - center)) for m in self.honest])
+        tau = distances[(view.workers - 1) // 2]
+        own_before = run_momentum if self.own is None else self.own
+
+        def placed(a: float) -> np.ndarray:
+            return center + a * tau * u
+
+        if fraction is None:
+            honest_rows = [m.astype(np.float32) for m in self.honest]
+            rows = lambda a: [*honest_rows, *[placed(a).astype(np.float32)] * view.byzantine]  # noqa: E731
+            fraction = max(INSIDE_FRACTIONS, key=lambda a: float(np.dot(
+                np.asarray(view.aggregate(rows(a), center=center.astype(np.float32)), dtype=np.float64) - center, u)))
+        target = placed(fraction)
+        self.pending_own = target
+        return (target - mu * own_before).astype(np.float32)
+
+    def _advance(self, view: AttackView) -> None:
+        """Fold last round's Δs into the momenta (a new honest author starts from the run's m)."""
+        mu = float(view.peer_momentum)
+        run_momentum = np.asarray(view.momentum, dtype=np.float64)
+        deltas = [np.asarray(d, dtype=np.float64) for d in view.honest_deltas]
+        previous = self.honest + [run_momentum] * (len(deltas) - len(self.honest))
+        self.honest = [mu * m + d for m, d in zip(previous, deltas)]
+        self.own = self.pending_own
+        self.round = view.round_index
+
+
+def _min_max_gamma(stack: np.ndarray, mean: np.ndarray, p: np.ndarray) -> float:
+    """The largest γ with max_i ‖μ + γp − x_i‖ ≤ the honest diameter max_ij ‖x_i − x_j‖.
+
+    Per honest x_i, ‖a + γp‖² = D² (a = μ − x_i) is a quadratic in γ; its larger root bounds γ,
+    and the smallest of those bounds is the answer (≥ 0: γ = 0 is the mean, within the diameter)."""
+    diameter2 = max(float(np.sum((x - y) ** 2)) for x in stack for y in stack)
+    pp = float(np.dot(p, p))
+    roots = []
+    for x in stack:
+        a = mean - x
+        ap = float(np.dot(a, p))
+        roots.append((-ap + math.sqrt(max(0.0, ap * ap - pp * (float(np.dot(a, a)) - diameter2)))) / pp)
+    return min(roots)
+
+
+def _min_sum_gamma(stack: np.ndarray, mean: np.ndarray, p: np.ndarray) -> float:
+    """The largest γ with Σ_i ‖μ + γp − x_i‖² ≤ max_i Σ_j ‖x_i − x_j‖².
+
+    Σ_i (μ − x_i) = 0, so the left side is Σ_i ‖μ − x_i‖² + n·γ²‖p‖²: γ in closed form."""
+    sums = [float(np.sum((stack - x) ** 2)) for x in stack]
+    spread = float(np.sum((stack - mean) ** 2))
+    return math.sqrt(max(0.0, max(sums) - spread) / (len(stack) * float(np.dot(p, p))))
+
+
+def min_max(view: AttackView) -> np.ndarray:
+    """μ − γ·μ/‖μ‖ with γ as large as the honest diameter allows (AGR-agnostic min-max)."""
+    stack, mean = _stack(view), _honest_mean(view)
+    p = _unit(-mean)
+    return (mean + _min_max_gamma(stack, mean, p) * p).astype(np.float32)
+
+
+def min_sum(view: AttackView) -> np.ndarray:
+    """μ − γ·μ/‖μ‖ with γ as large as the honest workers' worst summed distances allow (min-sum)."""
+    stack, mean = _stack(view), _honest_mean(view)
+    p = _unit(-mean)
+    return (mean + _min_sum_gamma(stack, mean, p) * p).astype(np.float32)
+
+
+def mimic(seed: int = 0) -> Attack:
+    """Copy the honest Δ farthest along z, the honest spread's top direction (Karimireddy et al.
+    2022): colluders then overweight one worker's data. z is refined by one power-iteration step
+    per round from where it was, starting at a fixed random direction (their online estimate)."""
+    state: dict[str, np.ndarray] = {}
+
+    def attack(view: AttackView) -> np.ndarray:
+        stack = _stack(view)
+        centred = stack - stack.mean(axis=0)
+        z = state.get("z")
+        if z is None or z.size != stack.shape[1]:
+            z = _fixed_direction(stack.shape[1], seed)
+        z = _unit(centred.T @ (centred @ z))
+        if not z.any():  # all honest Δs equal: any of them is the mean
+            z = _fixed_direction(stack.shape[1], seed)
+        state["z"] = z
+        chosen = int(np.argmax(centred @ z))
+        return np.asarray(view.honest_deltas[chosen], dtype=np.float32).copy()
+
+    return attack
+
+
+def alie_searched(view: AttackView) -> np.ndarray:
+    """ALIE with z searched this round (`SEARCH_SCALES`) for the largest ‖result − honest mean‖."""
+    stack = _stack(view)
+    mean, std = stack.mean(axis=0), stack.std(axis=0, ddof=1)
+    return _searched(view, lambda z: mean - z * std, SEARCH_SCALES,
+                     harm=lambda result: float(np.linalg.norm(result - mean)))
+
+
+def ipm_searched(view: AttackView) -> np.ndarray:
+    """IPM with ε searched this round (`SEARCH_SCALES`) for the largest ‖result − honest mean‖."""
+    mean = _honest_mean(view)
+    return _searched(view, lambda epsilon: -epsilon * mean, SEARCH_SCALES,
+                     harm=lambda result: float(np.linalg.norm(result - mean)))
+
+
 ATTACKS: dict[str, Callable[[], Attack]] = {
     "sign_flip": lambda: sign_flip(1.0),
     "sign_flip_x100": lambda: sign_flip(100.0),
@@ -158,6 +396,13 @@ ATTACKS: dict[str, Callable[[], Attack]] = {
     "inf": lambda: non_finite(float("inf")),
     "zero": lambda: zero,
     "replay": replay,
+    "min_max": lambda: min_max,
+    "min_sum": lambda: min_sum,
+    "mimic": mimic,
+    "alie_opt": lambda: alie_searched,
+    "ipm_opt": lambda: ipm_searched,
+    **{f"inside_{d}_{a:g}": (lambda d=d, a=a: inside_radius(a, d)) for d in DIRECTIONS for a in (0.5, 0.95)},
+    **{f"inside_{d}_opt": (lambda d=d: inside_radius(None, d)) for d in DIRECTIONS},
 }
 
 

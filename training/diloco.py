@@ -57,10 +57,13 @@ class DiLoCoConfig:
     run_seed: int = 0
     exchange: str = "allgather"  # or "sharded": each shard aggregated on its own (`shards.py`)
     shard_values: int = DEFAULT_SHARD_VALUES
+    peer_momentum: bool = False  # the momentum as a robust aggregate of every author's (`outer.py`)
 
     def __post_init__(self) -> None:
         if self.exchange not in ("allgather", "sharded"):
             raise ValueError(f"exchange is 'allgather' or 'sharded', got {self.exchange!r}")
+        if self.peer_momentum and self.exchange != "allgather":
+            raise ValueError("peer_momentum runs with allgather exchange only")
 
 
 @dataclass(frozen=True)
@@ -128,6 +131,7 @@ def simulate_diloco(
             aggregator=config.aggregator,
             aggregator_options=dict(config.aggregator_options),
             codec=config.codec,
+            peer_momentum=config.peer_momentum,
         ),
     )
     adversary = _Adversary(byzantine, config)
@@ -142,7 +146,7 @@ def simulate_diloco(
         }
         payloads = {_author(index): encoders[index].encode(results[index].delta) for index in honest}
         honest_deltas = [results[index].delta for index in honest]
-        payloads.update(adversary.payloads(round_index, honest_deltas, list(payloads.values())))
+        payloads.update(adversary.payloads(round_index, honest_deltas, list(payloads.values()), outer))
         if layout is None:
             bytes_sent += len(payloads[_author(honest[0])])
             outcome = outer.step(payloads)
@@ -177,7 +181,8 @@ class _Adversary:
         self.rng = np.random.default_rng([config.run_seed, 0xBAD])
 
     def payloads(
-        self, round_index: int, honest_deltas: list[np.ndarray], honest_payloads: list[bytes]
+        self, round_index: int, honest_deltas: list[np.ndarray], honest_payloads: list[bytes],
+        outer: OuterStep,
     ) -> dict[str, bytes]:
         view = AttackView(
             round_index=round_index,
@@ -187,6 +192,10 @@ class _Adversary:
             byzantine=len(self.attacks),
             rng=self.rng,
             encode_non_finite=lambda value, numel: non_finite_payload(self.config.codec, value, numel),
+            previous=outer.previous,
+            aggregate=outer.trial_aggregate,
+            peer_momentum=outer.config.momentum if outer.config.peer_momentum else None,
+            momentum=outer.momentum,
         )
         sent = {}
         for index, attack in sorted(self.attacks.items()):

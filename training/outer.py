@@ -13,6 +13,15 @@ One call to `OuterStep.step` does, in this order:
 5. Nesterov momentum, each line one float32 ufunc:
    m ← μ·m + g;  u ← g + μ·m (plain momentum: u ← m);  θ ← θ − lr·u.
 
+With `peer_momentum` the momentum is itself a robust aggregate (Karimireddy, He & Jaggi 2021,
+"Learning from history"): each author a keeps M_a ← μ·M_a + x_a (a newcomer, or an author absent
+last round, starts from the run's m), and m ← aggregate({M_a}) centred on μ·m + g, what plain
+momentum would have given. Why: an attacker that stays inside the honest spread of one round's Δs
+and pushes along one direction for many rounds adds up through m unclipped; honest momenta average
+their noise away over ~1/(1−μ) rounds while keeping the signal, so the spread an attacker must
+hide in is several times smaller (bench/byzantine.py, the `inside_*` attacks). It costs one vector
+per author of the last round. With the plain mean it is the same as step 5.
+
 Pseudo-gradients are Δ = θ_r − θ_i, so subtracting lr·Δ moves θ towards the
 workers' models. Every operation follows `exact`'s rules, so the result (and its
 SHA-256, `params_hash`) is the same on every CPU given the same payloads.
@@ -24,7 +33,7 @@ import dataclasses
 import functools
 import math
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,6 +62,7 @@ class OuterConfig:
     codec: str = "int8"
     block_size: int = DEFAULT_BLOCK
     max_scale: float = FP16_MAX
+    peer_momentum: bool = False  # aggregate each author's momentum, not only this round's Δs (module docstring)
 
     def __post_init__(self) -> None:
         if self.aggregator not in aggregators.AGGREGATORS:
@@ -124,6 +134,7 @@ class OuterStep:
         self.momentum = self._state_vector(momentum_buffer, "momentum buffer")
         self.previous = None if previous_aggregate is None else self._state_vector(previous_aggregate, "previous aggregate")
         self._spares = SpareVectors()  # state arrays this step has replaced, for reuse
+        self.peer_momenta: dict[bytes, np.ndarray] = {}  # author key -> M_a, authors of the last round only
 
     @property
     def numel(self) -> int:
@@ -137,43 +148,85 @@ class OuterStep:
         what is left (e.g. Krum with too few contributions).
         """
         g = self._spares.take(self.numel)  # kept as the previous aggregate: none of the decode rows
-        authors, rejected = self.aggregate_range(payloads, 0, self.numel, out=g, bucket_seed=bucket_seed)
-        return self.apply_aggregate(g, authors, rejected)
+        contributions, rejected = self._decode_all(payloads, self.numel)
+        authors = self._aggregate_rows(contributions, rejected, self.previous, out=g, bucket_seed=bucket_seed)
+        return self.apply_aggregate(g, authors, rejected, rows=contributions if self.config.peer_momentum else None)
 
     def aggregate_range(self, payloads: Mapping[Author, bytes], start: int, stop: int, *, out: np.ndarray,
                         bucket_seed: bytes = b"") -> tuple[list[Author], dict[Author, CodecError]]:
         """Aggregate the payloads of the values [start, stop) of θ (the whole vector, or one shard of
         sharded exchange, centred on that range of the previous aggregate) into `out`; the
         accepted authors in canonical order, and the rejected with their errors. Raises as `step`."""
+        if self.config.peer_momentum:
+            raise ValueError("peer_momentum needs every author's whole Δ: it runs with allgather exchange only")
         contributions, rejected = self._decode_all(payloads, stop - start)
+        previous = None if self.previous is None else self.previous[start:stop]
+        return self._aggregate_rows(contributions, rejected, previous, out=out, bucket_seed=bucket_seed), rejected
+
+    def _aggregate_rows(self, contributions: Mapping[Author, Row], rejected: Mapping[Author, CodecError],
+                        center: np.ndarray | None, *, out: np.ndarray, bucket_seed: bytes = b"") -> list[Author]:
+        """Aggregate decoded rows around `center` into `out`; the authors in canonical order."""
         if not contributions:
-            raise EmptyRoundError(rejected)
+            raise EmptyRoundError(dict(rejected))
         authors = sorted(contributions, key=author_key)
         aggregators.aggregate(
             self.config.aggregator,
             [contributions[author] for author in authors],
             keys=[author_key(author) for author in authors],
-            previous=None if self.previous is None else self.previous[start:stop],
+            previous=center,
             bucket_seed=bucket_seed,
             out=out,
             **self._options_after_rejections(len(rejected)),
         )
         if not np.isfinite(out).all():  # cannot happen with decoded inputs; never apply it if it did
             raise aggregators.AggregatorError("the aggregate is not finite")
-        return authors, rejected
+        return authors
 
-    def apply_aggregate(self, g: np.ndarray, accepted: list[Author],
-                        rejected: dict[Author, CodecError]) -> OuterResult:
+    def trial_aggregate(self, rows: Sequence[np.ndarray], center: np.ndarray | None = None) -> np.ndarray:
+        """What this step's aggregator (its options; its centre, or `center`) makes of float32
+        `rows`, keyed by content; the state is not touched. An omniscient attacker's view of it."""
+        center = self.previous if center is None else center
+        return aggregators.aggregate(self.config.aggregator, rows, previous=center, **self.config.aggregator_options)
+
+    def apply_aggregate(self, g: np.ndarray, accepted: list[Author], rejected: dict[Author, CodecError],
+                        *, rows: Mapping[Author, Row] | None = None) -> OuterResult:
         """Cap aggregate `g` (an array this step may keep: it becomes the previous aggregate) and
         take the momentum step with it: the end of `step`, and of a sharded round whose shard
-        aggregates were assembled into `g`."""
+        aggregates were assembled into `g`. With `peer_momentum`, `rows` are the accepted Δs."""
         if g.dtype != F32 or g.shape != (self.numel,):
             raise ValueError(f"the aggregate must be a float32 vector of {self.numel} values")
         g, g_norm, capped = self._cap(g)
-        replaced = self._apply(g)
+        momentum = None
+        if self.config.peer_momentum:
+            if rows is None:
+                raise ValueError("peer_momentum needs the round's accepted rows")
+            momentum = self._robust_momentum(rows, accepted, g, len(rejected))
+        replaced = self._apply(g, momentum)
         self._spares.retire(*replaced, self.previous)
         self.previous = g
         return OuterResult(self.theta, accepted, rejected, g_norm, capped)
+
+    def _robust_momentum(self, rows: Mapping[Author, Row], authors: list[Author], g: np.ndarray,
+                         rejected: int) -> np.ndarray:
+        """m for this step with `peer_momentum`: every author's M_a ← μ·M_a + x_a (from the run's m
+        for an author not in the last round), aggregated around μ·m + g. Keeps this round's M_a."""
+        mu = F32(self.config.momentum)
+        center = np.add(np.multiply(self.momentum, mu, dtype=F32), g, dtype=F32)
+        scratch = np.empty(min(exact.SLAB, self.numel), dtype=F32)
+        momenta: dict[bytes, np.ndarray] = {}
+        for author in authors:
+            key = author_key(author)
+            new = self.peer_momenta.get(key)  # updated in place: nothing else holds it
+            old = self.momentum if new is None else new
+            new = np.empty(self.numel, dtype=F32) if new is None else new
+            for start, stop in exact.slabs(self.numel):
+                np.multiply(old[start:stop], mu, out=new[start:stop])
+                np.add(new[start:stop], exact.read_slab(rows[author], start, stop, scratch[: stop - start]), out=new[start:stop])
+            momenta[key] = new
+        self.peer_momenta = momenta  # authors absent this round start again from m when they return
+        keys = sorted(momenta)
+        return aggregators.aggregate(self.config.aggregator, [momenta[k] for k in keys], keys=keys,
+                                     previous=center, **self._options_after_rejections(rejected))
 
     def _options_after_rejections(self, rejected: int) -> dict:
         """The aggregator's options, with Krum's `f` lowered by the payloads already rejected.
@@ -211,17 +264,17 @@ class OuterStep:
             return g, g_norm, False
         return exact.scale(g, cap / g_norm, out=g), g_norm, True  # g is this step's own array
 
-    def _apply(self, g: np.ndarray) -> tuple[np.ndarray, ...]:
+    def _apply(self, g: np.ndarray, momentum: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
         """Nesterov (or plain) momentum and the parameter update (`_momentum_step`). A state, once
         made, is never written again while it is held, so it can be stored (or hashed) while the
         next step runs: θ and the momentum are updated in place only when nobody else holds them
         (no snapshot, view or tensor of them), and otherwise go to arrays nobody holds (new, or
         `SpareVectors`). In place, the outer state costs θ, momentum, previous aggregate and one
         spare for the next aggregate: four vectors of the model's size, not six. Returns the
-        arrays it replaced."""
+        arrays it replaced. `momentum`, if given, is the new m (`peer_momentum`)."""
         in_place = self._unheld("theta") and self._unheld("momentum")
         replaced = () if in_place else (self.theta, self.momentum)
-        self.theta, self.momentum = self._momentum_step(g, in_place=in_place)
+        self.theta, self.momentum = self._momentum_step(g, in_place=in_place, momentum=momentum)
         return replaced
 
     def _unheld(self, name: str) -> bool:
@@ -239,8 +292,10 @@ class OuterStep:
         self._spares.retire(momentum)
         return theta
 
-    def _momentum_step(self, g: np.ndarray, *, in_place: bool) -> tuple[np.ndarray, np.ndarray]:
-        """(θ, momentum) after the update with aggregate `g`, one float32 ufunc per operation.
+    def _momentum_step(self, g: np.ndarray, *, in_place: bool,
+                       momentum: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(θ, momentum) after the update with aggregate `g`, one float32 ufunc per operation; the
+        new momentum is μ·m + g, or `momentum` where given.
 
         Slab by slab: the same operations in the same order as whole-vector ufuncs (so the same
         bits), but each slab of m, g and θ is read once while it is in cache."""
@@ -252,8 +307,11 @@ class OuterStep:
             new_theta, new_momentum = self._spares.take(self.numel), self._spares.take(self.numel)
         for start, stop in exact.slabs(self.numel):
             m, grad, u = new_momentum[start:stop], g[start:stop], update[: stop - start]
-            np.multiply(self.momentum[start:stop], mu, out=m)
-            np.add(m, grad, out=m)
+            if momentum is None:
+                np.multiply(self.momentum[start:stop], mu, out=m)
+                np.add(m, grad, out=m)
+            else:
+                np.copyto(m, momentum[start:stop])
             if self.config.nesterov:
                 np.multiply(m, mu, out=u)
                 np.add(u, grad, out=u)

@@ -267,6 +267,7 @@ class Participant:
             round_index=self.round, honest_deltas=honest, past_honest_payloads=[], workers=len(honest), byzantine=1,
             rng=np.random.default_rng(self.round),
             encode_non_finite=lambda value, numel: non_finite_payload(self.settings.codec, value, numel),
+            previous=self.outer.previous, aggregate=self.outer.trial_aggregate,
         )
         try:
             attacked = self.attack(view)
