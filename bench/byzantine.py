@@ -49,19 +49,22 @@ from locomesh.training import attacks  # noqa: E402
 from locomesh.training.aggregators import AggregatorError  # noqa: E402
 from locomesh.training.diloco import DiLoCoConfig, simulate_diloco  # noqa: E402
 from locomesh.training.inner import InnerConfig  # noqa: E402
+from locomesh.training.scoring import ScoringConfig  # noqa: E402
 from locomesh.training.tasks import get_task  # noqa: E402
 
 ATTACKS = ["sign_flip", "sign_flip_x100", "gaussian", "alie", "ipm", "nan", "inf", "zero", "replay",
            "inside_random_0.5", "inside_random_0.95", "inside_random_opt", "inside_against_0.95",
            "inside_against_opt", "inside_orthogonal_0.95", "inside_orthogonal_opt",
-           "min_max", "min_sum", "mimic", "alie_opt", "ipm_opt"]
+           "evade_scores_random", "evade_scores_against", "min_max", "min_sum", "mimic", "alie_opt", "ipm_opt"]
 AGGREGATORS = ["mean", "coordinate_median", "trimmed_mean", "geometric_median", "krum", "centered_clip"]
 SETTINGS = [(8, 1), (8, 2), (9, 3)]  # (N, f)
 # A small model on a first-order chain: it learns in a few hundred steps, so the grid stays cheap.
 TASK = {"alphabet": 16, "order": 1, "context": 32, "n_layer": 1, "n_head": 2, "d_model": 32,
         "eval_sequences": 512}
 DEFAULT = "centered_clip"
-PEER_MOMENTUM = "+pm"  # an aggregator label's suffix: the momentum aggregated per peer (training/outer.py)
+# What an aggregator label's "+<lever>" adds to the run: "pm" the momentum aggregated per peer
+# (training/outer.py), "score" contribution scores leaving out the low ones (training/scoring.py).
+LEVERS = {"pm": {"peer_momentum": True}, "score": {"scoring": ScoringConfig(policy="exclude")}}
 ALIE_Z = [1, 2, 4, 8, 16, 32, 64]  # the omniscient attacker's choices of z besides the paper's z_max
 TARGET_PERCENT = {True: 1.0, False: 2.0}  # keyed by f/N <= 1/4
 CURVE_POINTS = 4  # rounds shown per curve in the summary (evenly spaced, the last included)
@@ -92,7 +95,7 @@ def parse_args() -> argparse.Namespace:
 
 def aggregator_options(name: str, workers: int, byzantine: int) -> dict:
     """What the run's manifest would say for an expected f Byzantine workers out of N."""
-    name = name.removesuffix(PEER_MOMENTUM)
+    name = name.split("+")[0]
     if name == "krum":
         return {"f": byzantine}
     if name == "trimmed_mean":
@@ -107,14 +110,15 @@ class Grid:
         self.clean_cache: dict[tuple, Curve] = {}
 
     def config(self, workers: int, aggregator: str, options: dict, exchange: str) -> DiLoCoConfig:
-        """An aggregator label ending in "+pm" runs that aggregator with peer momentum (outer.py)."""
+        """An aggregator label may carry levers after "+" (`LEVERS`): "centered_clip+pm+score"."""
+        name, *levers = aggregator.split("+")
         inner = InnerConfig(lr=self.args.inner_lr, batch_size=self.args.batch)
         return DiLoCoConfig(
             workers=workers, rounds=self.args.rounds, inner_steps=self.args.inner_steps,
             inner=inner, codec="int8", error_feedback=True,
-            aggregator=aggregator.removesuffix(PEER_MOMENTUM), aggregator_options=options,
-            peer_momentum=aggregator.endswith(PEER_MOMENTUM),
+            aggregator=name, aggregator_options=options,
             exchange=exchange, shard_values=self.args.shard_values,
+            **{key: value for lever in levers for key, value in LEVERS[lever].items()},
         )
 
     def run(self, workers: int, aggregator: str, options: dict, byzantine: dict, exchange: str | None = None) -> Curve:
@@ -124,6 +128,8 @@ class Grid:
             result = simulate_diloco(self.task, self.config(workers, aggregator, options, exchange), byzantine)
         except AggregatorError as error:  # e.g. Krum left with too few accepted contributions
             return f"error: {error}"
+        except attacks.AttackNotApplicable:  # e.g. evading scores where nothing scores
+            return "n/a"
         return [record.eval_loss for record in result.history]
 
     def clean(self, workers: int, aggregator: str, options: dict, exchange: str | None = None) -> Curve:
@@ -258,22 +264,28 @@ def summary(rows: list[dict]) -> str:
 
 
 def curves(rows: list[dict]) -> list[str]:
-    """Per setting, the default's loss against its clean run's at a few rounds, worst attacks
-    first: an attack whose harm grows round by round shows here before it shows at the end."""
+    """Per setting, the default's (and each of its lever variants') loss against its clean run's at
+    a few rounds, worst attacks first: harm that grows round by round shows here before the end."""
     lines = []
     for workers, f in settings_of(rows):
-        attacked = [r for r in rows_of(rows, workers, f, DEFAULT) if r["attack"] != "none" and isinstance(r["curve"], list)]
-        if not attacked:
-            continue
-        rounds = len(attacked[0]["curve"])
-        shown_rounds = sorted({max(1, round(rounds * (k + 1) / CURVE_POINTS)) for k in range(CURVE_POINTS)})
-        table = []
-        for r in sorted(attacked, key=lambda r: -r["vs_clean"] if isinstance(r["vs_clean"], float) else 0.0):
-            entry = {"attack": r["attack"]}
-            entry.update({f"round {k}": percent(r["curve_vs_clean"][k - 1]) for k in shown_rounds})
-            table.append(entry)
-        lines += [f"N={workers}, f={f}: {DEFAULT} vs its clean run, by round", "", markdown_table(table), ""]
+        for label in default_labels(rows):
+            attacked = [r for r in rows_of(rows, workers, f, label) if r["attack"] != "none" and isinstance(r["curve"], list)]
+            if not attacked:
+                continue
+            rounds = len(attacked[0]["curve"])
+            shown_rounds = sorted({max(1, round(rounds * (k + 1) / CURVE_POINTS)) for k in range(CURVE_POINTS)})
+            table = []
+            for r in sorted(attacked, key=lambda r: -r["vs_clean"] if isinstance(r["vs_clean"], float) else 0.0):
+                entry = {"attack": r["attack"]}
+                entry.update({f"round {k}": percent(r["curve_vs_clean"][k - 1]) for k in shown_rounds})
+                table.append(entry)
+            lines += [f"N={workers}, f={f}: {label} vs its clean run, by round", "", markdown_table(table), ""]
     return lines
+
+
+def default_labels(rows: list[dict]) -> list[str]:
+    """The default aggregator's labels in the rows: itself and with levers ("centered_clip+score")."""
+    return list(dict.fromkeys(r["aggregator"] for r in rows if r["aggregator"].split("+")[0] == DEFAULT))
 
 
 def exchange_targets(rows: list[dict]) -> list[str]:
@@ -291,21 +303,23 @@ def exchange_targets(rows: list[dict]) -> list[str]:
 
 
 def targets(rows: list[dict]) -> list[str]:
-    """One line per target of the issue, with the numbers and met / MISSED."""
+    """One line per target of the issue, with the numbers and met / MISSED, for the default and
+    each of its lever variants."""
     out = []
     for workers, f in settings_of(rows):
         limit = 1 + TARGET_PERCENT[f / workers <= 0.25] / 100
-        attacked = [r for r in rows_of(rows, workers, f, DEFAULT) if r["attack"] != "none"]
-        if attacked:
-            met = all(isinstance(r["vs_clean"], float) and r["vs_clean"] <= limit for r in attacked)
-            top = worst(attacked) or attacked[0]
-            out.append(f"- N={workers} f={f}: {DEFAULT} worst {top['attack']} {shown(top['vs_clean'], '.4f')}x "
-                       f"clean (target ≤ {limit}): {'met' if met else 'MISSED'}")
-        for r in rows_of(rows, workers, f, DEFAULT):
-            if r["attack"] == "none":
-                met = isinstance(r["vs_mean"], float) and r["vs_mean"] <= 1.005
-                out.append(f"- N={workers}: clean {DEFAULT} {shown(r['vs_mean'], '.4f')}x clean mean (target ≤ 1.005): "
-                           f"{'met' if met else 'MISSED'}")
+        for label in default_labels(rows):
+            attacked = [r for r in rows_of(rows, workers, f, label) if r["attack"] != "none" and r["loss"] != "n/a"]
+            if attacked:
+                met = all(isinstance(r["vs_clean"], float) and r["vs_clean"] <= limit for r in attacked)
+                top = worst(attacked) or attacked[0]
+                out.append(f"- N={workers} f={f}: {label} worst {top['attack']} {shown(top['vs_clean'], '.4f')}x "
+                           f"clean (target ≤ {limit}): {'met' if met else 'MISSED'}")
+            for r in rows_of(rows, workers, f, label):
+                if r["attack"] == "none":
+                    met = isinstance(r["vs_mean"], float) and r["vs_mean"] <= 1.005
+                    out.append(f"- N={workers}: clean {label} {shown(r['vs_mean'], '.4f')}x clean mean (target ≤ 1.005): "
+                               f"{'met' if met else 'MISSED'}")
         out += mean_failures(rows_of(rows, workers, f, "mean"), workers, f, limit)
     return out
 

@@ -51,6 +51,7 @@ import math
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -73,9 +74,17 @@ class AttackView:
     # With the run's `peer_momentum` (training/outer.py): μ, and the run's momentum m before this round.
     peer_momentum: float | None = None
     momentum: np.ndarray | None = None
+    # With contribution scoring (training/scoring.py): the run's policy, and the attacker's estimate of
+    # the scores of any Δs (on batches of its own: the round's are drawn after it commits).
+    scoring: Any = None  # a scoring.ScoringConfig
+    estimate_scores: Callable[[list[np.ndarray]], list[float]] | None = None
 
 
 Attack = Callable[[AttackView], "np.ndarray | bytes"]
+
+
+class AttackNotApplicable(ValueError):
+    """The attack needs knowledge this run does not offer (e.g. evading scores in a run without scoring)."""
 
 
 def _stack(view: AttackView) -> np.ndarray:
@@ -221,7 +230,7 @@ def _searched(view: AttackView, candidate: Callable[[float], np.ndarray], scales
     """The candidate whose round (honest Δs and f copies of it, through the run's aggregator) has the
     largest `harm`; ties go to the smaller scale."""
     if view.aggregate is None:
-        raise ValueError("a searched attack needs the run's aggregator (AttackView.aggregate)")
+        raise AttackNotApplicable("a searched attack needs the run's aggregator (AttackView.aggregate)")
     honest = [np.asarray(delta, dtype=np.float32) for delta in view.honest_deltas]
     best, best_harm = None, -math.inf
     for scale in scales:
@@ -309,6 +318,34 @@ class _MomentumTracker:
         self.honest = [mu * m + d for m, d in zip(previous, deltas)]
         self.own = self.pending_own
         self.round = view.round_index
+
+
+def evading_scores(direction: str = "random", seed: int = 0) -> Attack:
+    """The honest mean + a·τ·u along a held direction u, with a as large as the run's scoring lets
+    through: every candidate fraction (`INSIDE_FRACTIONS`) whose estimated score clears the
+    estimated bar (the honest estimates and f copies of it, `scoring.bar`) is tried through the
+    aggregator, and the one that pulls most along u is sent; the honest mean if none clears it."""
+    if direction not in DIRECTIONS:
+        raise ValueError(f"direction is one of {DIRECTIONS}, got {direction!r}")
+
+    def attack(view: AttackView) -> np.ndarray:
+        if view.estimate_scores is None or view.scoring is None:
+            raise AttackNotApplicable("evading the scores needs the run's scoring (AttackView.scoring, estimate_scores)")
+        from .scoring import bar  # scoring imports torch; the other attacks need numpy only
+
+        mean, u = _honest_mean(view), _direction(view, direction, seed)
+        tau = _radius(view, _center(view))
+        candidates = [mean + a * tau * u for a in INSIDE_FRACTIONS]
+        estimates = view.estimate_scores([*view.honest_deltas, *[c.astype(np.float32) for c in candidates]])
+        honest = estimates[: len(view.honest_deltas)]
+        passing = [a for a, score in zip(INSIDE_FRACTIONS, estimates[len(honest):])
+                   if score >= bar(dict(enumerate(honest + [score] * view.byzantine)), view.scoring.keep_ratio)]
+        if not passing:
+            return mean.astype(np.float32)
+        return _searched(view, lambda a: mean + a * tau * u, passing,
+                         harm=lambda result: float(np.dot(result - mean, u)))
+
+    return attack
 
 
 def _min_max_gamma(stack: np.ndarray, mean: np.ndarray, p: np.ndarray) -> float:
@@ -403,6 +440,7 @@ ATTACKS: dict[str, Callable[[], Attack]] = {
     "ipm_opt": lambda: ipm_searched,
     **{f"inside_{d}_{a:g}": (lambda d=d, a=a: inside_radius(a, d)) for d in DIRECTIONS for a in (0.5, 0.95)},
     **{f"inside_{d}_opt": (lambda d=d: inside_radius(None, d)) for d in DIRECTIONS},
+    **{f"evade_scores_{d}": (lambda d=d: evading_scores(d)) for d in DIRECTIONS},
 }
 
 

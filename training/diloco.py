@@ -22,6 +22,7 @@ twice as much, so the count favours DDP.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,10 +31,11 @@ import numpy as np
 import torch
 
 from .attacks import Attack, AttackView
-from .codec import CodecError, Encoder, non_finite_payload, split_payload
+from .codec import CodecError, Encoder, decode, non_finite_payload, split_payload
 from .flat import flatten, param_count, unflatten_into
 from .inner import InnerConfig, Worker, make_optimizer, optimizer_step
 from .outer import OuterConfig, OuterStep
+from .scoring import ScoringConfig, excluded, score_contributions
 from .shards import DEFAULT_SHARD_VALUES, ShardLayout, sharded_step
 from .tasks import Task
 
@@ -58,6 +60,7 @@ class DiLoCoConfig:
     exchange: str = "allgather"  # or "sharded": each shard aggregated on its own (`shards.py`)
     shard_values: int = DEFAULT_SHARD_VALUES
     peer_momentum: bool = False  # the momentum as a robust aggregate of every author's (`outer.py`)
+    scoring: ScoringConfig | None = None  # contribution scores each round, and what they weigh (`scoring.py`)
 
     def __post_init__(self) -> None:
         if self.exchange not in ("allgather", "sharded"):
@@ -83,6 +86,8 @@ class RoundRecord:
     train_loss: float
     bytes_per_worker: int  # sent by one honest worker so far
     rejected: list[str] = field(default_factory=list)
+    scores: dict[str, float] = field(default_factory=dict)  # with scoring: every decodable contribution's
+    excluded: list[str] = field(default_factory=list)  # left out of the aggregate by the scoring policy
 
 
 @dataclass
@@ -146,14 +151,18 @@ def simulate_diloco(
         }
         payloads = {_author(index): encoders[index].encode(results[index].delta) for index in honest}
         honest_deltas = [results[index].delta for index in honest]
-        payloads.update(adversary.payloads(round_index, honest_deltas, list(payloads.values()), outer))
+        scratch = workers[honest[0]].model  # any model to score or evaluate in: every round reloads θ
+        estimate = _score_estimator(task, scratch, theta, config, round_index)
+        payloads.update(adversary.payloads(round_index, honest_deltas, list(payloads.values()), outer, estimate))
+        scores = _score(task, scratch, theta, payloads, config, round_index) if config.scoring else {}
+        left_out = excluded(scores, config.scoring) if config.scoring else set()
         if layout is None:
             bytes_sent += len(payloads[_author(honest[0])])
-            outcome = outer.step(payloads)
+            outcome = outer.step({a: p for a, p in payloads.items() if a not in left_out})
         else:  # the attackers cut their payloads like everyone's
             shards = _split_all(payloads, layout, config.codec)
             bytes_sent += sum(map(len, shards[_author(honest[0])]))
-            outcome = sharded_step(outer, layout, shards)
+            outcome = sharded_step(outer, layout, {a: s for a, s in shards.items() if a not in left_out})
         theta = outcome.theta
         evaluation = _evaluate(task, workers[honest[0]].model, theta)
         record = RoundRecord(
@@ -162,6 +171,8 @@ def simulate_diloco(
             train_loss=float(np.mean([result.mean_loss for result in results.values()])),
             bytes_per_worker=bytes_sent,
             rejected=sorted(outcome.rejected),
+            scores=scores,
+            excluded=sorted(left_out),
         )
         history.append(record)
         if on_round is not None:
@@ -183,6 +194,7 @@ class _Adversary:
     def payloads(
         self, round_index: int, honest_deltas: list[np.ndarray], honest_payloads: list[bytes],
         outer: OuterStep,
+        estimate_scores: Callable[[list[np.ndarray]], list[float]] | None = None,
     ) -> dict[str, bytes]:
         view = AttackView(
             round_index=round_index,
@@ -196,6 +208,8 @@ class _Adversary:
             aggregate=outer.trial_aggregate,
             peer_momentum=outer.config.momentum if outer.config.peer_momentum else None,
             momentum=outer.momentum,
+            scoring=self.config.scoring,
+            estimate_scores=estimate_scores,
         )
         sent = {}
         for index, attack in sorted(self.attacks.items()):
@@ -203,6 +217,39 @@ class _Adversary:
             sent[_author(index)] = made if isinstance(made, bytes) else self.encoder.encode(made)
         self.past_payloads.append(honest_payloads)
         return sent
+
+
+def _score(task: Task, scratch: torch.nn.Module, theta: np.ndarray, payloads: Mapping[str, bytes],
+           config: DiLoCoConfig, round_index: int) -> dict[str, float]:
+    """The round's contribution scores (`scoring.py`) on batches from the round's seed; a payload
+    that does not decode is not scored (the outer step rejects it)."""
+    deltas = {}
+    for author, payload in payloads.items():
+        try:
+            deltas[author] = decode(payload, theta.size, modes=(config.codec,))
+        except CodecError:
+            continue
+    seed = _round_seed("scoring", config.run_seed, round_index)
+    return score_contributions(task, scratch, theta, deltas, seed=seed, config=config.scoring)
+
+
+def _score_estimator(task: Task, scratch: torch.nn.Module, theta: np.ndarray, config: DiLoCoConfig,
+                     round_index: int) -> Callable[[list[np.ndarray]], list[float]] | None:
+    """With scoring, the attackers' estimate of any Δs' scores, on batches of their own."""
+    if config.scoring is None:
+        return None
+    seed = _round_seed("attacker", config.run_seed, round_index)
+
+    def estimate(deltas: list[np.ndarray]) -> list[float]:
+        scores = score_contributions(task, scratch, theta, dict(enumerate(deltas)), seed=seed, config=config.scoring)
+        return [scores[i] for i in range(len(deltas))]
+
+    return estimate
+
+
+def _round_seed(purpose: str, run_seed: int, round_index: int) -> int:
+    """A seed for `purpose` in this round, unknown before it (here: derived; a live run draws it)."""
+    return int.from_bytes(hashlib.sha256(f"{purpose} {run_seed} {round_index}".encode()).digest()[:8], "big")
 
 
 def _split_all(payloads: Mapping[str, bytes], layout: ShardLayout, codec: str) -> dict[str, list[bytes]]:

@@ -1,0 +1,109 @@
+"""Contribution scores (training/scoring.py): what a Δ does to the loss alone, and what they weigh."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from locomesh.training import attacks
+from locomesh.training.attacks import AttackView
+from locomesh.training.diloco import DiLoCoConfig, simulate_diloco
+from locomesh.training.flat import flatten
+from locomesh.training.inner import Worker
+from locomesh.training.scoring import ScoringConfig, bar, excluded, score_contributions
+from locomesh.training.tasks import get_task
+
+from .test_diloco import INNER, TINY_TASK
+
+
+@pytest.fixture(scope="module")
+def trained():
+    """A task, θ after a first round (from the initialisation any step helps, even backwards), and
+    one worker's honest Δ of the second round."""
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    task = get_task("synthetic-lm", TINY_TASK)
+    worker = Worker(task, 0, 0, 0, INNER)
+    initial = flatten(worker.model).copy()
+    theta = initial - worker.run_round(initial, 40).delta
+    return task, theta, worker.run_round(theta, 20).delta
+
+
+def test_an_honest_delta_scores_above_zero_a_zero_delta_zero_and_its_opposite_below(trained):
+    task, theta, delta = trained
+    scratch = task.build_model(0)
+    scores = score_contributions(task, scratch, theta, {"honest": delta, "zero": np.zeros_like(delta), "flipped": -delta},
+                                 seed=5, config=ScoringConfig())
+    assert scores["honest"] > 0.005  # the tiny task is nearly learnt after one round: small, still above zero
+    assert scores["zero"] == 0.0
+    assert scores["flipped"] < -0.5
+
+
+def test_scores_depend_on_the_rounds_seed_alone(trained):
+    task, theta, delta = trained
+    config = ScoringConfig(batches=2)
+    first = score_contributions(task, task.build_model(0), theta, {"a": delta}, seed=5, config=config)
+    again = score_contributions(task, task.build_model(1), theta, {"a": delta}, seed=5, config=config)
+    other = score_contributions(task, task.build_model(0), theta, {"a": delta}, seed=6, config=config)
+    assert first == again and first != other
+
+
+def test_the_policy_decides_who_is_left_out():
+    scores = {"a": 0.30, "b": 0.28, "c": 0.26, "d": 0.10, "e": -0.2, "nan": math.nan}
+    assert excluded(scores, ScoringConfig(policy="report")) == {"nan"}
+    assert bar({k: v for k, v in scores.items() if k != "nan"}, 0.5) == pytest.approx(0.13)  # half the median 0.26
+    assert excluded(scores, ScoringConfig(policy="exclude", keep_ratio=0.5)) == {"d", "e", "nan"}
+    flat = {"a": -0.02, "b": -0.01, "c": -0.04}  # nothing improved: the bar falls below the median
+    assert bar(flat, 0.5) == pytest.approx(-0.03)
+    assert excluded(flat, ScoringConfig(policy="exclude", keep_ratio=0.5)) == {"c"}
+
+
+def test_scoring_settings_are_checked():
+    for bad in ({"policy": "weigh"}, {"batches": 0}, {"keep_ratio": 1.5}):
+        with pytest.raises(ValueError):
+            ScoringConfig(**bad)
+
+
+def test_in_a_run_colluders_pushing_against_descent_are_left_out_every_round():
+    torch.set_num_threads(1)
+    task = get_task("synthetic-lm", TINY_TASK)
+    config = DiLoCoConfig(workers=5, rounds=3, inner_steps=8, inner=INNER, scoring=ScoringConfig(policy="exclude"))
+    result = simulate_diloco(task, config, byzantine={3: attacks.sign_flip(1.0), 4: attacks.sign_flip(1.0)})
+    for record in result.history:
+        assert record.excluded == ["worker-3", "worker-4"]
+        assert set(record.scores) == {f"worker-{i}" for i in range(5)}
+        assert min(record.scores[f"worker-{i}"] for i in range(3)) > max(record.scores["worker-3"], record.scores["worker-4"])
+
+
+def _evading_view(estimate, aggregate) -> AttackView:
+    rng = np.random.default_rng(3)
+    honest = [(1.0 + rng.standard_normal(500)).astype(np.float32) for _ in range(6)]
+    return AttackView(
+        round_index=0, honest_deltas=honest, past_honest_payloads=[], workers=8, byzantine=2,
+        rng=np.random.default_rng(0), encode_non_finite=lambda value, numel: b"",
+        previous=np.ones(500, np.float32), aggregate=aggregate,
+        scoring=ScoringConfig(policy="exclude", keep_ratio=0.5), estimate_scores=estimate,
+    )
+
+
+def test_evading_the_scores_goes_as_far_as_the_estimated_bar_allows():
+    def estimate(deltas):  # a stand-in for the loss: every step away from the honest mean costs
+        center = np.mean(deltas[:6], axis=0)
+        return [1.0 - float(np.linalg.norm(d - center)) / 20.0 for d in deltas]
+
+    mean_of = lambda rows, center=None: np.mean(np.stack(rows).astype(np.float64), axis=0)  # noqa: E731
+    view = _evading_view(estimate, mean_of)
+    sent = attacks.evading_scores("random")(view).astype(np.float64)
+    honest_scores = estimate(list(view.honest_deltas))
+    assert estimate([*view.honest_deltas, sent])[-1] >= bar(dict(enumerate(honest_scores + [0.0] * 0)), 0.5) - 1e-6
+    farther = sent + 0.5 * (sent - np.mean(view.honest_deltas, axis=0))  # one step further would fail
+    assert estimate([*view.honest_deltas, farther.astype(np.float32)])[-1] < bar(
+        dict(enumerate(honest_scores + [estimate([*view.honest_deltas, farther.astype(np.float32)])[-1]] * 2)), 0.5)
+    nothing_passes = _evading_view(lambda deltas: [1.0] * 6 + [-1.0] * (len(deltas) - 6), mean_of)
+    assert np.array_equal(attacks.evading_scores("random")(nothing_passes),
+                          np.mean(np.stack(nothing_passes.honest_deltas).astype(np.float64), axis=0).astype(np.float32))
+    with pytest.raises(ValueError, match="scoring"):
+        attacks.evading_scores()(_evading_view(None, mean_of))

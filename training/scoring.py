@@ -1,0 +1,93 @@
+"""Contribution scores: what each contribution does to the loss when it is applied alone.
+
+score(Δ) = L(θ) − L(θ − Δ), the mean loss over batches drawn from the round's randomness (a seed
+fixed only once the round's contributions are committed, so nobody can prepare for them). θ − Δ
+is the contributor's own model (Δ = θ_r − θ_i): an honest Δ lowers the loss and scores above
+zero; a free rider's zero Δ scores 0; a replayed Δ, one pushed along a direction of its own, or
+one aimed against descent does less or raises the loss. This is Zeno's suspicion score (Xie,
+Koyejo & Gupta 2019) with the contribution's whole step in place of a first-order estimate.
+
+What scores weigh is the run's choice (`POLICIES`): "report" only records them; "exclude" leaves
+out of the aggregate every contribution scoring below `keep_ratio` of the median score. Why the
+median: with fewer than half the contributors Byzantine it is an honest score or lies between two,
+so colluders cannot lift the bar over honest peers or lower it under themselves.
+
+Scores come from torch forward passes, which are not bit-exact across CPUs; a run that weighs by
+them must agree on them first (signed facts of a scoring committee) and aggregate by the agreed
+ones. Here the simulator computes them in one process.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Hashable
+
+import numpy as np
+import torch
+
+from .flat import unflatten_into
+from .tasks import Task
+
+POLICIES = ("report", "exclude")
+SCORING_PEER = 1 << 16  # the data stream scoring batches come from: no worker has this index
+
+
+@dataclass(frozen=True)
+class ScoringConfig:
+    policy: str = "report"
+    batches: int = 4
+    batch_size: int = 16
+    keep_ratio: float = 0.5  # "exclude": the bar is this fraction of the median score
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise ValueError(f"scoring policy is one of {POLICIES}, got {self.policy!r}")
+        if self.batches < 1 or self.batch_size < 1:
+            raise ValueError("scoring needs at least one batch of at least one sequence")
+        if not 0.0 <= self.keep_ratio <= 1.0:
+            raise ValueError(f"keep_ratio is in [0, 1], got {self.keep_ratio}")
+
+
+@torch.no_grad()
+def score_contributions(
+    task: Task,
+    scratch: torch.nn.Module,
+    theta: np.ndarray,
+    deltas: Mapping[Hashable, np.ndarray],
+    *,
+    seed: int,
+    config: ScoringConfig,
+) -> dict[Hashable, float]:
+    """Every contribution's score on `config.batches` batches drawn from `seed` (the round's
+    randomness), computed in the model `scratch` (its parameters are overwritten)."""
+    batches = [task.batch(seed, SCORING_PEER, k, config.batch_size) for k in range(config.batches)]
+    base = _mean_loss(scratch, theta, batches)
+    return {author: base - _mean_loss(scratch, theta - delta, batches) for author, delta in deltas.items()}
+
+
+def bar(scores: Mapping[Hashable, float], keep_ratio: float) -> float:
+    """The lowest score "exclude" keeps: `keep_ratio` of the median when the median is above zero;
+    when it is not (the round improved nothing), the median itself less (1 − keep_ratio) of its size."""
+    median = statistics.median(scores.values())
+    return median - (1.0 - keep_ratio) * abs(median)
+
+
+def excluded(scores: Mapping[Hashable, float], config: ScoringConfig) -> set[Hashable]:
+    """The contributions the run's policy leaves out of this round's aggregate (none for "report";
+    a non-finite score is always out)."""
+    out = {author for author, score in scores.items() if not math.isfinite(score)}
+    finite = {author: score for author, score in scores.items() if math.isfinite(score)}
+    if config.policy == "exclude" and finite:
+        threshold = bar(finite, config.keep_ratio)
+        out |= {author for author, score in finite.items() if score < threshold}
+    return out
+
+
+def _mean_loss(model: torch.nn.Module, theta: np.ndarray, batches) -> float:
+    unflatten_into(model, np.ascontiguousarray(theta, dtype=np.float32))
+    model.eval()
+    losses = [float(model(inputs, targets)[1]) for inputs, targets in batches]
+    return math.fsum(losses) / len(losses)
