@@ -16,11 +16,13 @@ One call to `OuterStep.step` does, in this order:
 With `peer_momentum` the momentum is itself a robust aggregate (Karimireddy, He & Jaggi 2021,
 "Learning from history"): each author a keeps M_a ← μ·M_a + x_a (a newcomer, or an author absent
 last round, starts from the run's m), and m ← aggregate({M_a}) centred on μ·m + g, what plain
-momentum would have given. Why: an attacker that stays inside the honest spread of one round's Δs
-and pushes along one direction for many rounds adds up through m unclipped; honest momenta average
-their noise away over ~1/(1−μ) rounds while keeping the signal, so the spread an attacker must
-hide in is several times smaller (bench/byzantine.py, the `inside_*` attacks). It costs one vector
-per author of the last round. With the plain mean it is the same as step 5.
+momentum would have given. The idea: an attacker that stays inside the honest spread of one
+round's Δs and pushes along one direction for many rounds adds up through m unclipped, while honest
+momenta average independent noise away. Measured (README, "Adaptive attackers"): it stops pushes
+along a random direction, but honest momenta in DiLoCo are as spread as single Δs relative to
+their mean (each worker keeps its own inner optimizer state), and an attacker aimed against the
+honest mean does more harm than without it; so it is off by default. It costs one vector per
+author of the last round. With the plain mean it is the same as step 5.
 
 Pseudo-gradients are Δ = θ_r − θ_i, so subtracting lr·Δ moves θ towards the
 workers' models. Every operation follows `exact`'s rules, so the result (and its
