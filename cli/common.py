@@ -15,6 +15,20 @@ from locomesh.node.config import resolve_data_dir
 from .client import DEFAULT_TIMEOUT, EXIT_ERROR, EXIT_NO_DAEMON, EXIT_OK, DaemonNotRunning, RpcCallError, RpcClient
 
 
+def add_run_action(subparsers: argparse._SubParsersAction, name: str, help: str) -> argparse.ArgumentParser:
+    """A new action `name` of the `run` command, whose module (`run_cmd`) must be registered before
+    the caller's in `main._subcommand_modules()`; its parser, with RUN_ID, --data-dir and --json."""
+    run_parser = subparsers.choices.get("run")
+    if run_parser is None:
+        raise RuntimeError(f"the `run {name}` action must be registered after run_cmd, which owns the `run` command")
+    actions = next(a for a in run_parser._actions if isinstance(a, argparse._SubParsersAction))
+    action = actions.add_parser(name, help=help)
+    action.add_argument("run_id", metavar="RUN_ID", help="the run's full ID")
+    add_data_dir_argument(action)
+    action.add_argument("--json", action="store_true", help="print JSON")
+    return action
+
+
 def add_data_dir_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--data-dir",

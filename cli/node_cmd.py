@@ -40,6 +40,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     start.add_argument(
         "--no-upnp", action="store_true", help="do not ask the home router to forward our port (NAT-PMP, UPnP)"
     )
+    start.add_argument(
+        "--archive", action="store_true",
+        help="keep every payload of every round of the runs this node trains in, so `run audit` can replay them; "
+             "costs about (contributors x payload size) of disk per round, never freed (int8: ~1 byte per "
+             "parameter per contributor)",
+    )
     start.set_defaults(handler=start_daemon)
 
     stop = commands.add_parser("stop", help="ask the running daemon to shut down")
@@ -59,6 +65,7 @@ def start_daemon(args: argparse.Namespace) -> int:
         "log_level": args.log_level,
         "attack": args.attack,
         "port_mapping": "off" if args.no_upnp else None,
+        "archive": "on" if args.archive else None,
     }
     try:
         config = load_config(data_dir=args.data_dir, config_file=args.config, flags=flags)

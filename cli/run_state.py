@@ -13,19 +13,12 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from .common import add_data_dir_argument, show_call
+from .common import add_run_action, show_call
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     """Add `state` to the actions of the `run` command registered before us."""
-    run_parser = subparsers.choices.get("run")
-    if run_parser is None:
-        raise RuntimeError("run_state must be registered after run_cmd, which owns the `run` command")
-    actions = next(a for a in run_parser._actions if isinstance(a, argparse._SubParsersAction))
-    state = actions.add_parser("state", help="show the replicated state of a run: members, round, checkpoint")
-    state.add_argument("run_id", metavar="RUN_ID", help="the run's full ID")
-    add_data_dir_argument(state)
-    state.add_argument("--json", action="store_true", help="print JSON")
+    state = add_run_action(subparsers, "state", "show the replicated state of a run: members, round, checkpoint")
     state.set_defaults(handler=show_state)
 
 

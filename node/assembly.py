@@ -72,7 +72,7 @@ def node_services(config: NodeConfig, pieces: Pieces = Pieces()) -> NodeServices
     )
     rounds = None
     if pieces.rounds:
-        rounds = RoundService(registry, crdt, checkpoints, attack=config.attack,
+        rounds = RoundService(registry, crdt, checkpoints, attack=config.attack, archive=config.archive == "on",
                               participant_factory=pieces.participant_factory, compute=pieces.compute,
                               offload=pieces.offload)
     network: tuple[Service, ...] = ()

@@ -19,6 +19,7 @@ attack             LOCOMESH_ATTACK         --attack NAME                 "" (hon
 relay              LOCOMESH_RELAY          (file / environment only)     "auto"
 nat_traversal      LOCOMESH_NAT_TRAVERSAL  (file / environment only)     "on"
 port_mapping       LOCOMESH_PORT_MAPPING   --no-upnp (sets "off")        "on"
+archive            LOCOMESH_ARCHIVE        --archive (sets "on")         "off"
 =================  ======================  ============================  ==========================
 
 ``attack`` turns the node into a test adversary: it trains like everyone else, then commits the
@@ -29,6 +30,13 @@ It exists so that tests and simulations can show the aggregation holding; honest
 reachability check finds it public, ``on`` always, ``off`` never. ``nat_traversal = "off"`` stops it
 from reserving relay slots when private and from hole punching (`locomesh.node.nat`).
 ``port_mapping = "off"`` stops it from asking the home gateway (NAT-PMP, UPnP IGD) to forward its port.
+
+``archive = "on"`` makes the node an archive of the runs it trains in: every payload of every round
+(the others' too, once fetched and checked) goes to its checkpoint store and stays there, so that
+``locomesh run audit`` can replay any round (`locomesh.node.rounds.audit`). It costs disk: per
+round, about the sum of the round's payloads, i.e. contributors x payload size (int8: about one
+byte per parameter each, 4-bit half that, fp32 four), never removed. Off, only the last few
+rounds' own payloads and states are kept.
 
 A list given at a higher level replaces the lower one (it is not merged).
 Every bad value raises `ConfigError` with a one-line message naming where the
@@ -72,6 +80,7 @@ class NodeConfig:
     relay: str = "auto"
     nat_traversal: str = "on"
     port_mapping: str = "on"
+    archive: str = "off"
     config_file: Path | None = field(default=None, compare=False)
 
     def validate(self) -> NodeConfig:
@@ -99,11 +108,14 @@ class NodeConfig:
             raise ConfigError(f"nat_traversal: {self.nat_traversal!r} is not one of {', '.join(ON_OFF)}")
         if self.port_mapping not in ON_OFF:
             raise ConfigError(f"port_mapping: {self.port_mapping!r} is not one of {', '.join(ON_OFF)}")
+        if self.archive not in ON_OFF:
+            raise ConfigError(f"archive: {self.archive!r} is not one of {', '.join(ON_OFF)}")
         return self
 
 
 _SETTABLE = (
-    "listen", "bootstrap", "rpc_port", "log_format", "log_level", "attack", "relay", "nat_traversal", "port_mapping"
+    "listen", "bootstrap", "rpc_port", "log_format", "log_level", "attack", "relay", "nat_traversal", "port_mapping",
+    "archive",
 )
 
 

@@ -115,6 +115,20 @@ class OpLog:
             self._file = None
 
 
+def stored_ops(data_dir: str | os.PathLike, run_id: bytes) -> Iterator[bytes]:
+    """The ops of run `run_id`'s op file in `data_dir`, oldest first (none if there is no file),
+    read only: nothing is cut, created or synced, so a reader may run beside the daemon that
+    appends to it (a record it is still writing is not whole yet and ends the read, as a torn
+    tail does for `OpLog.load`)."""
+    try:
+        file = open(OpLog.for_run(data_dir, run_id).path, "rb")  # noqa: SIM115 - closed below
+    except FileNotFoundError:
+        return
+    with file:
+        for data, _end in _records(file):
+            yield data
+
+
 def _records(file: BinaryIO) -> Iterator[tuple[bytes, int]]:
     """(op bytes, offset after it) for each whole record from the current position."""
     offset = file.tell()

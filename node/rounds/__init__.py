@@ -8,5 +8,6 @@ Modules, one job each:
   `orders` who proposes, stewards and (sharded exchange) sits on which committee;
 * `work`: what a peer keeps about the round it works on and the rounds it finished;
 * `participation`: the trio layer that carries out the machine's actions for one run;
-* `service`: `run.join` / `run.leave` / `run.status`, one participation per joined run.
+* `service`: `run.join` / `run.leave` / `run.status`, one participation per joined run;
+* `audit`: `locomesh run audit`: replay certified rounds from the record and check each certificate.
 """

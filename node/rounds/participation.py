@@ -61,9 +61,11 @@ class RunParticipation:
 
     def __init__(self, node: Node, crdt: CrdtService, replica: Replica, participant: RoundParticipant,
                  checkpoint_dir: Path, scores: PeerScores, *, timing: rm.Timing, compute: Compute = trio.to_thread.run_sync,
-                 offload: Offload = trio.to_thread.run_sync, held: HeldCheckpoints | None = None) -> None:
+                 offload: Offload = trio.to_thread.run_sync, held: HeldCheckpoints | None = None,
+                 archive: bool = False) -> None:
         """`held`: where fetched payloads are kept, the checkpoint service's (`CheckpointService.held`)
-        so that it serves them on; without it they are kept apart and served by nobody."""
+        so that it serves them on; without it they are kept apart and served by nobody. `archive`:
+        keep every payload of every round in the store too (`payloads`)."""
         self.node = node
         self.crdt = crdt
         self.replica = replica
@@ -92,9 +94,11 @@ class RunParticipation:
         self._nursery: trio.Nursery | None = None
         held = held if held is not None else HeldCheckpoints()
         self.payloads = PayloadExchange(node, replica, participant, checkpoint_dir, held, scores, machine=self.machine,
-                                        offload=offload, connected=self._connected, other_members=self._other_members)
+                                        offload=offload, connected=self._connected, other_members=self._other_members,
+                                        archive=archive)
         self.states = StateKeeper(node, crdt, replica, participant, checkpoint_dir, scores, compute=compute,
-                                  compute_lock=self._compute, offload=offload, other_members=self._other_members)
+                                  compute_lock=self._compute, offload=offload, other_members=self._other_members,
+                                  archive=archive)
 
     async def run(self) -> None:
         if self.participant.evaluation_due():

@@ -6,7 +6,10 @@ is a multi-source download, verified chunk by chunk against the ID its author co
 the CRDT, after the commit's size and the manifest were checked against what a payload of the
 run can be (`Participant.payload_limits`). Ours goes to the node's store (after a crash we must
 contribute the same payload again); the others' stay in memory (`HeldCheckpoints`), are served
-on from there, and are released a round after theirs ended.
+on from there, and are released a round after theirs ended. An archive node (`node start
+--archive`) also writes each of the others' payloads to the store once it is fetched and checked,
+and keeps every payload there (`states.StateKeeper.forget_old_rounds`), so `locomesh run audit`
+can replay any round (`audit`).
 
 A fetch keeps trying while FETCH_TIMEOUT lasts: a provider that is busy, or a payload only its
 author has so far, is a reason to wait, not to leave it out (a peer that leaves out what the
@@ -26,7 +29,6 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Callable
 
-import numpy as np
 import trio
 
 from locomesh.crdt import Replica
@@ -34,11 +36,10 @@ from locomesh.node.rounds.machine import RoundMachine
 from locomesh.node.runtime import Node
 from locomesh.node.transfer.download import REFUSED, DownloadError, DownloadProgress, Offload, download_checkpoint
 from locomesh.node.transfer.held import HeldCheckpoints
-from locomesh.node.transfer.store import load_checkpoint, write_checkpoint
+from locomesh.node.transfer.store import load_payload, write_frames, write_payload
 from locomesh.protocol import peer_id_from_public_key
 from locomesh.training.checkpoint_manifest import CheckpointError
 from locomesh.training.contract import PAYLOAD_TENSOR
-from locomesh.training.state_chunks import FAST_LEVEL
 
 logger = logging.getLogger(__name__)
 
@@ -53,19 +54,18 @@ class PayloadExchange:
 
     def __init__(self, node: Node, replica: Replica, participant: Any, directory: Path, held: HeldCheckpoints,
                  scores: Any, *, machine: RoundMachine, offload: Offload, connected: Callable[[bytes], bool],
-                 other_members: Callable[[bytes | None], list[str]]) -> None:
+                 other_members: Callable[[bytes | None], list[str]], archive: bool = False) -> None:
+        """`archive`: also write the others' payloads to the store (see the module docstring)."""
         self.node, self.replica, self.run_id = node, replica, replica.run_id
         self.participant, self.directory, self.held, self.scores = participant, directory, held, scores
         self.machine, self.offload = machine, offload
         self.connected, self.other_members = connected, other_members
+        self.archive = archive
         self.me = node.identity.public_key
 
     def store(self, round_number: int, payload: bytes) -> Any:
         """Write our payload for `round_number` to the store (blocking: run it offloaded); its manifest."""
-        tensors = {PAYLOAD_TENSOR: np.frombuffer(payload, dtype=np.uint8)}
-        # FAST_LEVEL: the payload is zstd already; its chunks are stored, not compressed again
-        return write_checkpoint(self.directory, tensors, {"round": round_number, "run": self.run_id, "kind": "payload"},
-                                level=FAST_LEVEL)
+        return write_payload(self.directory, payload, self.run_id, round_number)
 
     async def committed_before(self, round_number: int) -> Any:
         """The payload we committed to for this round before a restart, from our store: a second,
@@ -150,7 +150,20 @@ class PayloadExchange:
         if data is None:
             logger.warning("round %d: the payload %s committed by %s is not a payload of this round",
                            round_number, payload_id.hex()[:12], peer_id_from_public_key(author))
+        elif self.archive:
+            await self._archive(round_number, payload_id)
         return data
+
+    async def _archive(self, round_number: int, payload_id: bytes) -> None:
+        """Write a held payload (checked: `_held`) to the store too, for `locomesh run audit`. A disk
+        that fails costs the archive that payload, never the round."""
+        held = self.held.complete(payload_id)
+        if held is None:
+            return
+        try:
+            await self.offload(write_frames, self.directory, held.manifest, held.frames)
+        except (OSError, ValueError) as error:
+            logger.error("round %d: payload %s not archived: %s", round_number, payload_id.hex()[:12], error)
 
     async def _held(self, round_number: int, payload_id: bytes, limits: Any) -> memoryview | None:
         """The payload `payload_id` of this run's round `round_number`, held in memory whole, inflated
@@ -170,11 +183,7 @@ class PayloadExchange:
     async def _stored(self, round_number: int, payload_id: bytes, limits: Any) -> bytes | None:
         """The payload `payload_id` of this run's round `round_number` from our store; None if it
         is not there whole, or is no such payload (or breaks the `limits` of one)."""
-        try:
-            tensors, metadata = await self.offload(load_checkpoint, self.directory, payload_id, limits)
+        try:  # `limits` name the run and the round: a payload of another round breaks them
+            return await self.offload(load_payload, self.directory, payload_id, limits)
         except (OSError, ValueError):
             return None
-        payload = tensors.get(PAYLOAD_TENSOR)
-        if metadata.get("round") != round_number or metadata.get("run") != self.run_id or payload is None:
-            return None
-        return payload.numpy().tobytes()

@@ -64,6 +64,7 @@ class RoundService:
         checkpoints: CheckpointService,
         *,
         attack: str = "",
+        archive: bool = False,
         participant_factory: ParticipantFactory | None = None,
         compute: Compute = trio.to_thread.run_sync,
         offload: Offload = trio.to_thread.run_sync,
@@ -71,8 +72,9 @@ class RoundService:
         """`participant_factory(manifest body, our public key, attack)` and `compute` exist for the
         simulator, which models training time instead of spending it, as does `offload` (how blocking
         store work runs); the daemon uses the defaults (`training.participant.Participant.for_run`,
-        worker threads)."""
+        worker threads). `archive`: keep every payload of every round in the store (`payloads`)."""
         self.registry = registry
+        self.archive = archive
         self.participant_factory = participant_factory
         self.compute = compute
         self.offload = offload
@@ -128,6 +130,7 @@ class RoundService:
         participation = RunParticipation(
             self._node, self.crdt, replica, participant, self.checkpoints.directory, self.checkpoints.scores,
             timing=timing, compute=self.compute, offload=self.offload, held=self.checkpoints.held,
+            archive=self.archive,
         )
         scope = trio.CancelScope()
         self.participations[replica.run_id] = (participation, scope)

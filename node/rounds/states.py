@@ -8,7 +8,8 @@ whoever lacks one.
 - A sync downloads a checkpoint of the certified round that its voters attested, most attested
   first (the stewards asked first), and adopts it only if its state hash is the certified one; an
   attested ID that does not hold it costs a manifest, and the next one is tried.
-- Payloads and states of rounds older than KEPT_ROUNDS are deleted.
+- Payloads and states of rounds older than KEPT_ROUNDS are deleted; an archive node
+  (`node start --archive`) keeps the payloads.
 """
 
 from __future__ import annotations
@@ -39,8 +40,9 @@ class StateKeeper:
 
     def __init__(self, node: Node, crdt: Any, replica: Replica, participant: Any, directory: Path, scores: Any, *,
                  compute: Compute, compute_lock: trio.Lock, offload: Offload,
-                 other_members: Callable[[bytes | None], list[str]]) -> None:
+                 other_members: Callable[[bytes | None], list[str]], archive: bool = False) -> None:
         self.node, self.crdt, self.replica, self.run_id = node, crdt, replica, replica.run_id
+        self.archive = archive  # keep every payload (`forget_old_rounds`)
         self.participant, self.directory, self.scores = participant, directory, scores
         self.compute, self.compute_lock, self.offload = compute, compute_lock, offload
         self.other_members = other_members
@@ -132,8 +134,13 @@ class StateKeeper:
 
     def forget_old_rounds(self, round_number: int) -> None:
         """Delete this run's payloads and states from before the last KEPT_ROUNDS rounds (a peer that
-        syncs wants the newest certified state; older ones only fill the disk). Blocking."""
+        syncs wants the newest certified state; older ones only fill the disk), but no payload on
+        an archive node (an audit replays rounds from them). Blocking."""
         oldest = round_number - KEPT_ROUNDS
-        remove_checkpoints(
-            self.directory, lambda meta: meta.get("run") == self.run_id and meta.get("round", oldest) < oldest
-        )
+
+        def doomed(meta: dict[str, Any]) -> bool:
+            if self.archive and meta.get("kind") == "payload":
+                return False
+            return meta.get("run") == self.run_id and meta.get("round", oldest) < oldest
+
+        remove_checkpoints(self.directory, doomed)

@@ -37,7 +37,8 @@ from locomesh.node.files import atomic_write
 from locomesh.training.checkpoint_manifest import (
     DEFAULT_CHUNK_SIZE, HASH_SIZE, CheckpointError, Manifest, ManifestLimits, read_manifest, verify_chunk,
 )
-from locomesh.training.state_chunks import COMPRESSION_LEVEL, StateChunks, Tensors, chunk_state, decode_chunk
+from locomesh.training.contract import PAYLOAD_TENSOR
+from locomesh.training.state_chunks import COMPRESSION_LEVEL, FAST_LEVEL, StateChunks, Tensors, chunk_state, decode_chunk
 from locomesh.training.state_format import MAGIC, MAX_HEADER_SIZE, PREFIX_SIZE, check_layout, parse_header, views
 
 if TYPE_CHECKING:  # both load torch, which a daemon must not do before it trains (`node.debug`)
@@ -103,6 +104,14 @@ def write_chunks(directory: str | os.PathLike, chunks: StateChunks) -> Manifest:
     manifest = chunks.manifest()
     install_manifest(directory, manifest)
     return manifest
+
+
+def write_frames(directory: str | os.PathLike, manifest: Manifest, frames: list[bytes]) -> None:
+    """Store a checkpoint whose compressed chunks are in hand (a held one: `held.HeldCheckpoint`),
+    each checked against `manifest` as it is stored, then its manifest (atomically, last)."""
+    for index, frame in enumerate(frames):
+        store_chunk(directory, manifest, index, frame)
+    install_manifest(directory, manifest)
 
 
 def install_manifest(directory: str | os.PathLike, manifest: Manifest) -> None:
@@ -286,6 +295,34 @@ def read_stored_chunk(directory: str | os.PathLike, manifest: Manifest, index: i
         raise CheckpointError("missing-chunk", reason) from None
 
 
+
+
+# --- round payloads -----------------------------------------------------------------------------
+
+
+def write_payload(directory: str | os.PathLike, payload: bytes, run: bytes, round_number: int) -> Manifest:
+    """Store a payload committed for round `round_number` of run `run` as the checkpoint its commit
+    names (one uint8 tensor `PAYLOAD_TENSOR`, metadata ``kind: payload``); its manifest."""
+    tensors = {PAYLOAD_TENSOR: np.frombuffer(payload, dtype=np.uint8)}
+    # FAST_LEVEL: the payload is zstd already; its chunks are stored, not compressed again
+    return write_checkpoint(directory, tensors, {"round": round_number, "run": run, "kind": "payload"}, level=FAST_LEVEL)
+
+
+def load_payload(directory: str | os.PathLike, payload_id: bytes, limits: ManifestLimits) -> bytes:
+    """The bytes of the payload stored as checkpoint `payload_id`. `limits` are what its commit
+    allows (`Participant.payload_limits`: run, round and size), checked before anything is
+    allocated. `CheckpointError` if it is not stored whole (codes ``missing-manifest``,
+    ``missing-chunk``: see `is_missing`), breaks `limits`, or is no payload."""
+    tensors, _metadata = load_checkpoint(directory, payload_id, limits)
+    payload = tensors.get(PAYLOAD_TENSOR)
+    if payload is None:  # `limits` made by `payload_limits` require it; others might not
+        raise CheckpointError("bad-header", f"checkpoint {payload_id.hex()[:16]} holds no {PAYLOAD_TENSOR!r} tensor")
+    return payload.numpy().tobytes()
+
+
+def is_missing(error: CheckpointError) -> bool:
+    """Does `error` say the checkpoint is not (wholly) in the store, rather than bad?"""
+    return error.code in ("missing-manifest", "missing-chunk")
 
 
 # --- run states ---------------------------------------------------------------------------------

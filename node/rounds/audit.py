@@ -1,0 +1,305 @@
+"""Auditing a run: replay its certified rounds from the record and check every certificate.
+
+A certificate says that more than two thirds of a round's electorate computed one state hash. An
+honest peer computes it one way only (`machine`, steps 4 to 6, and `replay`): it aggregates the
+payloads of exactly one proposal's set of authors, keyed by author, with `Participant.aggregate`
+on the certified state of the round before (bit-exact on every CPU), and hashes the result
+(`Participant.state_hash`). The participant is made from the genesis manifest alone, as the daemon
+makes it (`RoundService.join`). So whoever holds a round's committed payloads can recompute it.
+Per certified round r, from the certified state of round r - 1:
+
+- ``ok``: the set of one of r's proposals gives the certified hash (the proposals that the
+  certificate's voters name in their votes are tried first);
+- ``mismatch``: every proposed set was built here and none gives it (a set holding a payload that
+  breaks the run's limits counts as built: every honest peer refuses it): the certificate does
+  not follow from its contributions. Its voters signed a hash no honest peer computes: that is
+  the evidence, and the report names them;
+- ``missing``: some set could not be built here, so no verdict: payloads not in the store (an
+  archive node, `node start --archive`, keeps them all; others only the last few rounds), or a
+  commit or a proposal named in votes that this node's op log lacks (or holds twice).
+
+After a round that is not ok the replay goes on from that round's certified state if the store
+holds an attested checkpoint of it with the certified hash; else it stops, and the next round is
+reported missing with those checkpoint IDs. The replay starts from the newest certified state
+before the range that the store holds, else from the genesis state (round 0): rounds before the
+range are replayed too, not reported.
+
+Every payload is loaded with the limits its commit allows (`payload_limits`: run, round, size)
+and every state with `state_limits`, checked before anything is allocated.
+
+`audit_rounds` is the pure part: facts, genesis, a participant and two loaders in, reports out.
+`audit_data_dir` runs it over a node's data dir (run manifest, op log, checkpoint store), reading
+only, so it is safe beside a running daemon: the op log is append-only (a record still being
+written is left out) and every store write is atomic (a checkpoint removed meanwhile is missing).
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from locomesh.crdt import Facts, Genesis, Replica, RunState, derive
+from locomesh.crdt.view import Certificate, checkpoint_candidates
+from locomesh.protocol import ProtocolError
+from locomesh.protocol.runs import format_run_id, load_manifest
+from locomesh.training.checkpoint_manifest import CheckpointError, ManifestLimits
+
+from locomesh.node.replication.op_log import stored_ops
+from locomesh.node.runs.store import RunStore
+from locomesh.node.transfer.store import is_missing, load_checkpoint, load_payload
+
+OK, MISMATCH, MISSING = "ok", "mismatch", "missing"
+
+# (checkpoint ID, the limits it must keep) -> a payload's bytes, or a state's tensors by name.
+# Both raise `Missing` when the checkpoint is not (wholly) here, a `ValueError` when it is bad.
+PayloadLoader = Callable[[bytes, ManifestLimits], bytes]
+StateLoader = Callable[[bytes, ManifestLimits], Mapping[str, Any]]
+
+
+class Missing(Exception):
+    """A checkpoint a loader was asked for is not (wholly) here."""
+
+
+class AuditError(Exception):
+    """The audit cannot start (no such run here, a run this node cannot compute); one line for the user."""
+
+
+@dataclass(frozen=True)
+class RoundAudit:
+    """The verdict on one certified round (see the module docstring)."""
+
+    round: int
+    verdict: str  # OK, MISMATCH or MISSING
+    certified: bytes  # the hash its certificate names
+    proposer: bytes | None = None  # ok: whose proposed set gives the certified hash
+    voters: tuple[bytes, ...] = ()  # mismatch: who signed the certificate
+    missing: tuple[bytes, ...] = ()  # missing: the checkpoint IDs (payloads or states) not here
+    note: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"round": self.round, "verdict": self.verdict, "certified": self.certified.hex(),
+                "proposer": None if self.proposer is None else self.proposer.hex(),
+                "voters": [v.hex() for v in self.voters], "missing": [m.hex() for m in self.missing],
+                "note": self.note}
+
+
+def audit_rounds(facts: Facts, genesis: Genesis, participant: Any, *, load_payload: PayloadLoader,
+                 load_state: StateLoader, first: int = 1, last: int | None = None) -> list[RoundAudit]:
+    """The verdicts on the certified rounds `first` to `last` (default: the newest certified), in
+    order; fewer if the replay had to stop (the last one then says why). `participant` holds the
+    genesis state (`Participant.for_run` of the run's manifest body) and is used up."""
+    return _Replay(facts, genesis, participant, load_payload, load_state).run(first, last)
+
+
+class _Replay:
+    def __init__(self, facts: Facts, genesis: Genesis, participant: Any, load_payload: PayloadLoader,
+                 load_state: StateLoader) -> None:
+        self.facts, self.run_id, self.participant = facts, genesis.run_id, participant
+        self.state: RunState = derive(facts, genesis)
+        self.load_payload, self.load_state = load_payload, load_state
+        self.genesis_state = participant.snapshot()
+
+    def run(self, first: int, last: int | None) -> list[RoundAudit]:
+        first, last = max(first, 1), self.state.round if last is None else min(last, self.state.round)
+        reports: list[RoundAudit] = []
+        if first > last:
+            return reports
+        for number in range(self._start(first - 1) + 1, last + 1):
+            report = self._round(number)
+            if number >= first:
+                reports.append(report)
+            if report.verdict == OK:
+                continue
+            went_on, ids = self._adopt_certified(number)
+            if not went_on:
+                if number < last:
+                    stopped = max(number + 1, first)
+                    reports.append(RoundAudit(stopped, MISSING, self._certificate(stopped).hash, missing=ids,
+                                              note=f"no certified state of round {number} in the store to go on "
+                                                   "from: the audit stops here"))
+                break
+        return reports
+
+    def _certificate(self, number: int) -> Certificate:
+        return self.state.certificates[number]
+
+    # --- states ----------------------------------------------------------------------------------
+
+    def _start(self, before: int) -> int:
+        """Hold the newest certified state up to round `before` that the store has, else the
+        genesis state; its round."""
+        for number in range(before, 0, -1):
+            if self._adopt_certified(number)[0]:
+                return number
+        self.participant.adopt(self.genesis_state.tensors, 0)
+        return 0
+
+    def _adopt_certified(self, number: int) -> tuple[bool, tuple[bytes, ...]]:
+        """Adopt an attested checkpoint of round `number` that holds its certified hash, most
+        attested first: (done, the IDs not in the store). Not done: the participant's state is
+        unusable until something else is adopted."""
+        absent = []
+        limits = self.participant.state_limits(self.run_id, number)
+        for checkpoint in checkpoint_candidates(self.facts, self.state, number):
+            try:
+                tensors = self.load_state(checkpoint.id, limits)
+            except Missing:
+                absent.append(checkpoint.id)
+                continue
+            except ValueError:  # not a state of this run's round: its attesters were wrong
+                continue
+            self.participant.adopt(tensors, number)
+            if self.participant.state_hash() == self._certificate(number).hash:
+                return True, ()
+        return False, tuple(absent)
+
+    # --- one round -------------------------------------------------------------------------------
+
+    def _round(self, number: int) -> RoundAudit:
+        """The verdict on round `number`, the participant holding round `number - 1`'s certified
+        state; when ok, it holds round `number`'s after.
+
+        The round's ops are read as they are, not through the view's present eligibility or bans: a
+        key banned after the round, or a late join, changes nothing about what was computed then."""
+        certificate = self._certificate(number)
+        before = self.participant.snapshot()  # the outer step never writes into arrays it handed out
+        gaps = _Gaps()
+        tried = 0
+        candidates = self._candidates(number, certificate.voters, gaps)
+        for proposer, authors in candidates:
+            payloads = self._payloads(number, authors, gaps)
+            if payloads is None:
+                continue
+            if tried:
+                self.participant.adopt(before.tensors, number - 1)
+            tried += 1
+            try:
+                self.participant.aggregate(payloads)
+            except ValueError:  # nothing valid to apply: an honest peer votes for no hash
+                continue
+            if self.participant.state_hash() == certificate.hash:
+                return RoundAudit(number, OK, certificate.hash, proposer=proposer)
+        if gaps:  # a set not built here might give the hash: no verdict
+            return RoundAudit(number, MISSING, certificate.hash, missing=tuple(sorted(gaps.ids)),
+                              note="; ".join(sorted(gaps.notes)))
+        return RoundAudit(number, MISMATCH, certificate.hash, voters=tuple(sorted(certificate.voters)),
+                          note=f"none of the {len(candidates)} proposed sets ({tried} computed) gives the certified hash")
+
+    def _candidates(self, number: int, voters: frozenset[bytes], gaps: _Gaps) -> list[tuple[bytes, tuple[bytes, ...]]]:
+        """(proposer, set) for each distinct set proposed in round `number`, those the certificate's
+        voters name in their votes first (most named first). A named proposal that is not in the
+        op log is a gap (an honest vote always names the proposal it followed: `PublishVote`)."""
+        proposed = self.facts.proposals_in(number)
+        named = Counter(proposer for voter in voters for _hash, proposer in self.facts.votes_in(number).get(voter, ())
+                        if proposer)
+        for proposer in sorted(set(named) - set(proposed)):
+            gaps.notes.add(f"the proposal of {proposer.hex()[:16]} named in votes is not in this node's op log")
+        ordered, seen = [], set()
+        for proposer in sorted(proposed, key=lambda p: (-named[p], p)):
+            for authors in sorted(proposed[proposer]):
+                if authors not in seen:
+                    seen.add(authors)
+                    ordered.append((proposer, authors))
+        return ordered
+
+    def _payloads(self, number: int, authors: tuple[bytes, ...], gaps: _Gaps) -> dict[bytes, bytes] | None:
+        """The payloads of `authors` by author, as an honest peer aggregates them; None if one is
+        not here or its commit is unclear (noted in `gaps`), or the set cannot be what an honest peer
+        aggregated (a payload that breaks the run's limits: every honest peer refuses it)."""
+        commits = self.facts.commits_in(number)
+        payloads, complete = {}, True
+        for author in authors:
+            said = commits.get(author, set())
+            if len(said) != 1:  # none in our log (not synced?), or two (an equivocation): either might be it
+                gaps.notes.add(f"{len(said)} commits of {author.hex()[:16]} in this node's op log")
+                complete = False
+                continue
+            ((payload_id, size),) = said
+            try:
+                payloads[author] = self.load_payload(payload_id, self.participant.payload_limits(self.run_id, number, size))
+            except Missing:
+                gaps.ids.add(payload_id)
+                complete = False
+            except ValueError:
+                return None
+        return payloads if complete else None
+
+
+class _Gaps:
+    """What kept a round's sets from being built here: checkpoint IDs not in the store, and notes."""
+
+    def __init__(self) -> None:
+        self.ids: set[bytes] = set()
+        self.notes: set[str] = set()
+
+    def __bool__(self) -> bool:
+        return bool(self.ids or self.notes)
+
+
+# --- over a node's data dir ---------------------------------------------------------------------
+
+
+def store_loaders(directory: str | os.PathLike) -> tuple[PayloadLoader, StateLoader]:
+    """The payload and state loaders over the checkpoint store at `directory`."""
+
+    def payload(payload_id: bytes, limits: ManifestLimits) -> bytes:
+        with _missing_as_missing():
+            return load_payload(directory, payload_id, limits)
+
+    def state(checkpoint_id: bytes, limits: ManifestLimits) -> Mapping[str, Any]:
+        with _missing_as_missing():
+            return load_checkpoint(directory, checkpoint_id, limits)[0]
+
+    return payload, state
+
+
+@contextmanager
+def _missing_as_missing() -> Iterator[None]:
+    """Turn the store's ``missing-*`` `CheckpointError` into `Missing`."""
+    try:
+        yield
+    except CheckpointError as error:
+        if is_missing(error):
+            raise Missing(str(error)) from None
+        raise
+
+
+def read_replica(data_dir: str | os.PathLike, manifest: bytes) -> Replica:
+    """The run of `manifest` as this node's op log on disk holds it (read only; an op that fails
+    its checks is left out, as the daemon leaves it out)."""
+    replica = Replica(Genesis.from_manifest(manifest))
+    for data in stored_ops(data_dir, replica.run_id):
+        try:
+            replica.add(data)
+        except ProtocolError:
+            pass
+    return replica
+
+
+def audit_data_dir(data_dir: str | os.PathLike, run_id: bytes, *, first: int = 1,
+                   last: int | None = None) -> tuple[RunState, list[RoundAudit]]:
+    """Audit run `run_id` from what the node with data dir `data_dir` holds (its manifest, op
+    log and checkpoint store): the run state and the verdicts. `AuditError` if the node knows no
+    such run or cannot compute it."""
+    from locomesh.training.participant import Participant  # torch: only now
+    from locomesh.training.run_settings import ParticipantError
+
+    runs = RunStore(data_dir)
+    runs.load()
+    known = runs.get(run_id)
+    if known is None:
+        raise AuditError(f"this node knows no run {format_run_id(run_id)} (data dir {Path(data_dir)})")
+    replica = read_replica(data_dir, known.manifest)
+    try:  # whose key does not matter: it picks the data shard of training, never used here
+        participant = Participant.for_run(load_manifest(known.manifest)[1].body, bytes(32))
+    except ParticipantError as error:
+        raise AuditError(f"this node cannot compute run {format_run_id(run_id)}: {error}") from None
+    load_pay, load_st = store_loaders(Path(data_dir) / "checkpoints")  # the daemon's store (node/assembly.py)
+    reports = audit_rounds(replica.facts, replica.genesis, participant, load_payload=load_pay, load_state=load_st,
+                           first=first, last=last)
+    return replica.state, reports

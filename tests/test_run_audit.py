@@ -1,0 +1,250 @@
+"""`locomesh run audit` (node/rounds/audit.py): a hand-built run, replayed from a node's data dir.
+
+Three members train a tiny model for three rounds with real participants; each round's payloads
+and certified state go to a real checkpoint store, its commits, proposal, votes and attestations
+into a real replica, whose ops go to the op log of a data dir laid out as the daemon's. The same
+data dir is then edited to make a round's payload or state go missing, and a second run is built
+whose round-2 voters signed a state the payloads do not give.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from locomesh.cli.main import main
+from locomesh.crdt import Genesis, Replica
+from locomesh.netsim.offload import run_inline
+from locomesh.node.config import load_config
+from locomesh.node.replication.op_log import OpLog
+from locomesh.node.rounds import machine as rm
+from locomesh.node.rounds.audit import MISMATCH, MISSING, OK, AuditError, audit_data_dir
+from locomesh.node.rounds.participation import RunParticipation
+from locomesh.node.runs.store import RunStore
+from locomesh.node.transfer.download import DownloadProgress
+from locomesh.node.transfer.held import HeldCheckpoints
+from locomesh.node.transfer.store import checkpoint_ids, load_payload, manifest_path, write_payload, write_state
+from locomesh.protocol.runs import format_run_id, sign_manifest
+from locomesh.training.contract import PAYLOAD_TENSOR
+from locomesh.training.participant import Participant, payload_limits
+from locomesh.training.state_chunks import FAST_LEVEL, chunk_state
+
+from .test_crdt_support import in_causal_order, keys
+
+MEMBERS = keys(3)
+PROPOSER = MEMBERS[0].public_key
+ROUNDS = 3
+TASK_CONFIG = {"d_model": 32, "n_layer": 1, "n_head": 2}
+HPARAMS = {"inner_steps": 2, "batch_size": 4}
+
+
+class HandBuiltRun:
+    """A run of ROUNDS rounds written into `data_dir` as a daemon would keep it; with `forge`, the
+    voters of that round sign (and store, and attest) a state nudged away from what the payloads
+    give, and the later rounds build on it honestly. With `decoy`, a second member proposes a
+    smaller set in that round and the voters name it, though they computed the first proposal's."""
+
+    def __init__(self, data_dir, *, forge: int | None = None, decoy: int | None = None) -> None:
+        self.data_dir, self.store = data_dir, data_dir / "checkpoints"
+        self.manifest = sign_manifest(MEMBERS[0], task="synthetic-lm", created=1_700_000_000, task_config=TASK_CONFIG,
+                                      seed=3, hparams=HPARAMS, influence="joined")
+        replica = Replica(Genesis.from_manifest(self.manifest))
+        self.run_id = replica.run_id
+        body = {"task": "synthetic-lm", "task_config": TASK_CONFIG, "seed": 3, "hparams": HPARAMS}
+        peers = [Participant.for_run(body, member.public_key) for member in MEMBERS]
+        self.payloads: dict[int, list[bytes]] = {}  # round -> payload IDs, in MEMBERS order
+        self.states: dict[int, bytes] = {}  # round -> the attested state's checkpoint ID
+        for member in MEMBERS:
+            replica.create(member, "join", round=1)
+        for number in range(1, ROUNDS + 1):
+            payloads = {}
+            for member, peer in zip(MEMBERS, peers):
+                payload = peer.train().payload
+                stored = write_payload(self.store, payload, self.run_id, number)
+                replica.create(member, "commit", round=number, hash=stored.id, size=len(payload))
+                payloads[member.public_key] = payload
+                self.payloads.setdefault(number, []).append(stored.id)
+            replica.create(MEMBERS[0], "propose", round=number, authors=sorted(payloads))
+            named = PROPOSER
+            if number == decoy:
+                replica.create(MEMBERS[1], "propose", round=number, authors=sorted(payloads)[:2])
+                named = MEMBERS[1].public_key
+            for peer in peers:
+                peer.aggregate(payloads)
+            if number == forge:
+                nudged = {**peers[0].state_tensors(), "theta": peers[0].outer.theta + np.float32(1e-3)}
+                for peer in peers:
+                    peer.adopt(nudged, number)
+            state_hash = peers[0].state_hash()
+            for member in MEMBERS:
+                replica.create(member, "vote", round=number, hash=state_hash, proposer=named)
+            state = write_state(self.store, peers[0].snapshot(), self.run_id)
+            self.states[number] = state.id
+            for member in MEMBERS:
+                replica.create(member, "checkpoint", round=number, id=state.id, size=state.raw_size)
+        assert replica.state.round == ROUNDS
+        RunStore(data_dir).add(self.manifest, "joined")
+        log = OpLog.for_run(data_dir, self.run_id)
+        list(log.load())
+        for data in in_causal_order(replica):
+            log.append(data)
+        log.close()
+
+    def copy(self, destination) -> HandBuiltRun:
+        """The same run in another data dir (to edit it)."""
+        shutil.copytree(self.data_dir, destination)
+        copied = SimpleNamespace(**vars(self))
+        copied.data_dir, copied.store = destination, destination / "checkpoints"
+        return copied
+
+    def audit(self, **kwargs):
+        return audit_data_dir(self.data_dir, self.run_id, **kwargs)[1]
+
+
+@pytest.fixture(scope="module")
+def honest(tmp_path_factory):
+    return HandBuiltRun(tmp_path_factory.mktemp("honest"))
+
+
+@pytest.fixture(scope="module")
+def forged(tmp_path_factory):
+    return HandBuiltRun(tmp_path_factory.mktemp("forged"), forge=2, decoy=1)
+
+
+def verdicts(reports):
+    return [(report.round, report.verdict) for report in reports]
+
+
+def test_an_honest_run_audits_ok_round_by_round(honest):
+    reports = honest.audit()
+    assert verdicts(reports) == [(1, OK), (2, OK), (3, OK)]
+    assert all(report.proposer == PROPOSER for report in reports)
+
+
+def test_a_forged_certificate_is_a_mismatch_naming_its_signers_and_the_audit_goes_on_from_its_state(forged):
+    reports = forged.audit()
+    assert verdicts(reports) == [(1, OK), (2, MISMATCH), (3, OK)]  # round 3 builds on the attested state
+    assert reports[0].proposer == PROPOSER  # the decoy the votes name was tried first, from the same state
+    assert reports[1].voters == tuple(sorted(member.public_key for member in MEMBERS))
+
+
+def test_a_missing_payload_is_reported_by_id_and_the_certified_state_carries_the_audit_on(honest, tmp_path):
+    run = honest.copy(tmp_path / "node")
+    gone = run.payloads[1][1]
+    manifest_path(run.store, gone).unlink()
+    reports = HandBuiltRun.audit(run)
+    assert verdicts(reports) == [(1, MISSING), (2, OK), (3, OK)]
+    assert reports[0].missing == (gone,)
+
+
+def test_without_the_state_to_go_on_from_the_audit_stops_and_says_which(honest, tmp_path):
+    run = honest.copy(tmp_path / "node")
+    manifest_path(run.store, run.payloads[1][0]).unlink()
+    manifest_path(run.store, run.states[1]).unlink()
+    reports = HandBuiltRun.audit(run)
+    assert verdicts(reports) == [(1, MISSING), (2, MISSING)]
+    assert reports[1].missing == (run.states[1],) and "stops" in reports[1].note
+
+
+def test_a_range_starts_from_the_newest_stored_state_before_it(honest, tmp_path):
+    assert verdicts(honest.audit(first=3)) == [(3, OK)]
+    assert verdicts(honest.audit(first=2, last=2)) == [(2, OK)]
+    run = honest.copy(tmp_path / "node")
+    manifest_path(run.store, run.states[2]).unlink()  # round 2 is replayed from round 1's state
+    manifest_path(run.store, run.states[1]).unlink()  # ... or from the genesis state
+    assert verdicts(HandBuiltRun.audit(run, first=3)) == [(3, OK)]
+
+
+def test_a_payload_over_its_commit_size_is_refused_not_loaded(honest, tmp_path):
+    run = honest.copy(tmp_path / "node")
+    payload_id = run.payloads[1][0]
+    with pytest.raises(ValueError, match="over-limit"):  # the manifest is checked before anything is allocated
+        load_payload(run.store, payload_id, payload_limits(run.run_id, 1, 10, 1 << 20))
+
+
+def test_an_unknown_run_is_an_error(tmp_path):
+    with pytest.raises(AuditError, match="knows no run"):
+        audit_data_dir(tmp_path, b"\x01" * 32)
+
+
+# --- the command ---------------------------------------------------------------------------------
+
+
+def test_the_command_exits_0_for_an_honest_run_and_1_for_a_forged_one(honest, forged, capsys):
+    assert main(["run", "audit", format_run_id(honest.run_id), "--data-dir", str(honest.data_dir), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert (result["ok"], result["mismatch"], result["missing"], result["certified"]) == (3, 0, 0, 3)
+    assert main(["run", "audit", format_run_id(forged.run_id), "--data-dir", str(forged.data_dir), "--json"]) == 1
+    result = json.loads(capsys.readouterr().out)
+    assert [r["verdict"] for r in result["rounds"]] == ["ok", "mismatch", "ok"]
+    assert result["rounds"][1]["voters"] == sorted(member.public_key.hex() for member in MEMBERS)
+    assert main(["run", "audit", format_run_id(forged.run_id), "--data-dir", str(forged.data_dir), "--from", "2",
+                 "--to", "2"]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("round    2: MISMATCH") and "0 ok, 1 mismatch, 0 missing" in lines[-1]
+
+
+def test_the_command_refuses_a_bad_range_and_an_unknown_run(tmp_path, capsys):
+    run_id = format_run_id(b"\x01" * 32)
+    assert main(["run", "audit", run_id, "--data-dir", str(tmp_path), "--from", "0"]) == 2
+    assert main(["run", "audit", run_id, "--data-dir", str(tmp_path)]) == 1
+    assert "knows no run" in capsys.readouterr().err
+
+
+# --- archive mode --------------------------------------------------------------------------------
+
+
+def party(directory, *, archive: bool) -> RunParticipation:
+    me = MEMBERS[0]
+    replica = Replica(Genesis.from_manifest(sign_manifest(me, task="synthetic-lm", created=1_700_000_000)))
+    participant = SimpleNamespace(settings=SimpleNamespace(delayed_updates=False))
+    return RunParticipation(SimpleNamespace(identity=me), None, replica, participant, directory, scores=None,
+                            timing=rm.Timing(), offload=run_inline, held=HeldCheckpoints(), archive=archive)
+
+
+@pytest.mark.parametrize("archive", [False, True])
+def test_an_archive_keeps_every_payload_and_only_the_last_states(tmp_path, archive):
+    participation = party(tmp_path, archive=archive)
+    run_id = participation.run_id
+    payloads = [write_payload(tmp_path, bytes([number]) * 100, run_id, number).id for number in range(1, 6)]
+    state = write_state(tmp_path, SimpleNamespace(chunks=lambda run: chunk_state(
+        {"theta": np.zeros(10, np.float32)}, {"round": 1, "run": run})), run_id)
+    participation.states.forget_old_rounds(6)
+    kept = set(checkpoint_ids(tmp_path))
+    assert state.id not in kept
+    assert (set(payloads) <= kept) == archive and payloads[-1] in kept
+
+
+@pytest.mark.trio
+@pytest.mark.parametrize("archive", [False, True])
+async def test_an_archive_writes_the_others_payloads_it_fetched_to_the_store(tmp_path, monkeypatch, archive):
+    participation = party(tmp_path, archive=archive)
+    payload = bytes(range(256)) * 8
+    chunks = chunk_state({PAYLOAD_TENSOR: np.frombuffer(payload, np.uint8)},
+                         {"round": 1, "run": participation.run_id, "kind": "payload"}, level=FAST_LEVEL)
+    frames = [frame for _ref, frame in chunks]
+    manifest = chunks.manifest()
+
+    async def fetched_into_memory(*_args, held, **_kwargs):  # what a download does with `held`
+        for index, frame in enumerate(frames):
+            held.hold(manifest).store(index, frame)
+        return manifest
+
+    monkeypatch.setattr("locomesh.node.rounds.payloads.download_checkpoint", fetched_into_memory)
+    limits = payload_limits(participation.run_id, 1, len(payload), 1 << 20)
+    got = await participation.payloads._download(1, MEMBERS[1].public_key, manifest.id, limits,
+                                                 DownloadProgress(manifest.id))
+    assert bytes(got) == payload
+    assert manifest_path(tmp_path, manifest.id).exists() == archive
+    if archive:
+        assert load_payload(tmp_path, manifest.id, limits) == payload
+
+
+def test_archive_is_a_config_setting_and_a_flag(tmp_path):
+    assert load_config(data_dir=tmp_path, environ={}).archive == "off"
+    assert load_config(data_dir=tmp_path, environ={}, flags={"archive": "on"}).archive == "on"
+    assert load_config(data_dir=tmp_path, environ={"LOCOMESH_ARCHIVE": "on"}).archive == "on"
