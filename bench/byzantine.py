@@ -35,6 +35,7 @@ the default's tolerance at that f/N (the mean would miss the target the default 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 import json
 import sys
 import time
@@ -74,6 +75,9 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--rounds", type=int, default=12)
+    parser.add_argument("--seeds", type=int, default=1,
+                        help="runs per cell (model and data seeds 0..N-1), losses averaged round by round; "
+                             "one run moves by about ±1%% between settings that should not matter")
     parser.add_argument("--inner-steps", type=int, default=15)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--inner-lr", type=float, default=1e-2)
@@ -109,7 +113,7 @@ class Grid:
         self.task = get_task("synthetic-lm", TASK)
         self.clean_cache: dict[tuple, Curve] = {}
 
-    def config(self, workers: int, aggregator: str, options: dict, exchange: str) -> DiLoCoConfig:
+    def config(self, workers: int, aggregator: str, options: dict, exchange: str, seed: int) -> DiLoCoConfig:
         """An aggregator label may carry levers after "+" (`LEVERS`): "centered_clip+pm+score"."""
         name, *levers = aggregator.split("+")
         inner = InnerConfig(lr=self.args.inner_lr, batch_size=self.args.batch)
@@ -117,25 +121,30 @@ class Grid:
             workers=workers, rounds=self.args.rounds, inner_steps=self.args.inner_steps,
             inner=inner, codec="int8", error_feedback=True,
             aggregator=name, aggregator_options=options,
-            exchange=exchange, shard_values=self.args.shard_values,
+            exchange=exchange, shard_values=self.args.shard_values, model_seed=seed, run_seed=seed,
             **{key: value for lever in levers for key, value in LEVERS[lever].items()},
         )
 
-    def run(self, workers: int, aggregator: str, options: dict, byzantine: dict, exchange: str | None = None) -> Curve:
-        """The eval loss after every round, or the error that ended the run."""
+    def run(self, workers: int, aggregator: str, options: dict, byzantine: Callable[[], dict],
+            exchange: str | None = None) -> Curve:
+        """The eval loss after every round, averaged over the seeds (`byzantine()` makes each seed's
+        attackers afresh: some attacks keep state), or the error that ended a run."""
         exchange = exchange or self.args.exchange.replace("both", "allgather")
-        try:
-            result = simulate_diloco(self.task, self.config(workers, aggregator, options, exchange), byzantine)
-        except AggregatorError as error:  # e.g. Krum left with too few accepted contributions
-            return f"error: {error}"
-        except attacks.AttackNotApplicable:  # e.g. evading scores where nothing scores
-            return "n/a"
-        return [record.eval_loss for record in result.history]
+        curves = []
+        for seed in range(self.args.seeds):
+            try:
+                result = simulate_diloco(self.task, self.config(workers, aggregator, options, exchange, seed), byzantine())
+            except AggregatorError as error:  # e.g. Krum left with too few accepted contributions
+                return f"error: {error}"
+            except attacks.AttackNotApplicable:  # e.g. evading scores where nothing scores
+                return "n/a"
+            curves.append([record.eval_loss for record in result.history])
+        return [sum(losses) / len(losses) for losses in zip(*curves)]
 
     def clean(self, workers: int, aggregator: str, options: dict, exchange: str | None = None) -> Curve:
         key = (workers, aggregator, tuple(sorted(options.items())), exchange)
         if key not in self.clean_cache:
-            self.clean_cache[key] = self.run(workers, aggregator, options, {}, exchange)
+            self.clean_cache[key] = self.run(workers, aggregator, options, dict, exchange)
         return self.clean_cache[key]
 
 
@@ -193,7 +202,7 @@ def main() -> None:
             if args.exchange == "both":
                 add_sharded(rows[-1], grid.clean(workers, aggregator, options, "sharded"))
             for attack in attack_labels(args):
-                byzantine = {workers - 1 - i: attack_for(attack) for i in range(f)}
+                byzantine = lambda attack=attack: {workers - 1 - i: attack_for(attack) for i in range(f)}  # noqa: E731
                 curve = grid.run(workers, aggregator, options, byzantine)
                 rows.append(cell(workers, f, attack, aggregator, curve, clean, clean_mean))
                 if args.exchange == "both":
@@ -204,6 +213,7 @@ def main() -> None:
         "task": {"name": "synthetic-lm", **TASK},
         "floor": grid.task.floor(),
         "rounds": args.rounds,
+        "seeds": args.seeds,
         "inner_steps": args.inner_steps,
         "batch": args.batch,
         "inner_lr": args.inner_lr,
