@@ -4,8 +4,8 @@ Reads the node's data dir directly (the run's manifest, its op log, the checkpoi
 only, so it works whether or not the daemon runs (`locomesh.node.rounds.audit` says why that is
 safe). One line per round: ok, MISMATCH (the certificate does not follow from its contributions:
 its signers are named; that is evidence against them), or missing (payloads or states this node
-does not hold: an archive node, `node start --archive`, keeps them all). Payloads are not fetched
-from peers.
+does not hold: an archive node, `node start --archive`, keeps them all). With `--fetch` the running
+daemon downloads what was missing from peers (`checkpoint.fetch`), and the audit runs again.
 
 Exit status: 0 when no round mismatched (missing rounds included: nothing was proved), 1 when one
 did, or when the audit cannot start (a run this node does not know), 2 for bad arguments.
@@ -18,10 +18,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 from typing import Any
 
-from .client import EXIT_ERROR, EXIT_OK, EXIT_USAGE
-from .common import add_run_action, data_dir_of, fail
+from .client import DEFAULT_TIMEOUT, EXIT_ERROR, EXIT_OK, EXIT_USAGE, DaemonNotRunning, RpcCallError, RpcClient
+from .common import add_run_action, data_dir_of, fail, no_daemon
+
+# With --fetch: at most this many audits, each followed by the downloads of what it lacked (a state
+# fetched lets the replay go on to rounds whose payloads it then finds missing), and at most this
+# many downloads a pass.
+FETCH_PASSES = 3
+MAX_FETCHES = 256
+POLL_SECONDS = 0.2
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -29,6 +37,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     audit = add_run_action(subparsers, "audit", "replay a run's certified rounds from this node's record and check them")
     audit.add_argument("--from", dest="first", type=int, default=1, metavar="R", help="first round to check (default 1)")
     audit.add_argument("--to", dest="last", type=int, metavar="R", help="last round to check (default: the newest certified)")
+    audit.add_argument("--fetch", action="store_true",
+                       help="ask this node's running daemon to download what the audit lacks (payloads, states) "
+                            "from peers, then audit again")
+    audit.add_argument("--provider", action="append", default=[], metavar="MULTIADDR",
+                       help="with --fetch: a peer to download from (multiaddr ending in /p2p/ID; default: the DHT's providers)")
+    audit.add_argument("--wait", type=float, default=300.0, metavar="SECONDS",
+                       help="with --fetch: how long to wait for the downloads of one pass (default 300)")
     audit.set_defaults(handler=audit_run)
 
 
@@ -43,15 +58,48 @@ def audit_run(args: argparse.Namespace) -> int:
         return fail(f"bad run ID: {error.reason}", EXIT_USAGE)
     if args.first < 1 or (args.last is not None and args.last < args.first):
         return fail("--from must be at least 1, and --to at least --from", EXIT_USAGE)
+    fetched: dict[str, str] = {}  # checkpoint ID (hex) -> how its download ended
+    passes = FETCH_PASSES if args.fetch else 0
     try:
-        state, reports = audit_data_dir(data_dir_of(args), run_id, first=args.first, last=args.last)
+        for attempt in range(passes + 1):
+            state, reports = audit_data_dir(data_dir_of(args), run_id, first=args.first, last=args.last)
+            wanted = sorted({m.hex() for r in reports for m in r.missing} - set(fetched))[:MAX_FETCHES]
+            if attempt == passes or not wanted:
+                break
+            fetched.update(fetch_checkpoints(args, wanted))
     except AuditError as error:
         return fail(str(error), EXIT_ERROR)
+    except DaemonNotRunning as error:
+        return no_daemon(error)
+    except RpcCallError as error:
+        return fail(f"fetching failed: {error.message}", EXIT_ERROR)
     counts = {verdict: sum(r.verdict == verdict for r in reports) for verdict in ("ok", "mismatch", "missing")}
     result = {"run_id": format_run_id(run_id), "certified": state.round, **counts,
               "rounds": [report.to_json() for report in reports]}
+    if args.fetch:
+        result["fetched"] = fetched
     print(json.dumps(result, indent=2, sort_keys=True) if args.json else format_audit(result))
     return EXIT_ERROR if counts[MISMATCH] else EXIT_OK
+
+
+def fetch_checkpoints(args: argparse.Namespace, ids: list[str]) -> dict[str, str]:
+    """Have the daemon download the checkpoints `ids` (hex) from `args.provider` or the DHT's
+    providers (`checkpoint.fetch`: every chunk verified against its manifest); how each ended
+    ("done", "failed: ...", or "unfinished" after `args.wait` seconds)."""
+    client = RpcClient.for_data_dir(data_dir_of(args), timeout=DEFAULT_TIMEOUT)
+    for checkpoint_id in ids:
+        client.call("checkpoint.fetch", {"id": checkpoint_id, "providers": args.provider})
+    deadline = time.monotonic() + args.wait
+    ended: dict[str, str] = {}
+    while True:
+        for checkpoint_id in ids:
+            if checkpoint_id not in ended:
+                progress = client.call("checkpoint.progress", {"id": checkpoint_id})
+                if progress["state"] not in ("manifest", "chunks"):
+                    ended[checkpoint_id] = "done" if progress["state"] == "done" else f"{progress['state']}: {progress['error']}"
+        if len(ended) == len(ids) or time.monotonic() >= deadline:
+            return {checkpoint_id: ended.get(checkpoint_id, "unfinished") for checkpoint_id in ids}
+        time.sleep(POLL_SECONDS)
 
 
 def format_audit(result: dict[str, Any]) -> str:

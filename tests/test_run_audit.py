@@ -16,6 +16,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from locomesh.cli.daemon_process import DaemonProcess
 from locomesh.cli.main import main
 from locomesh.crdt import Genesis, Replica
 from locomesh.netsim.offload import run_inline
@@ -248,3 +249,45 @@ def test_archive_is_a_config_setting_and_a_flag(tmp_path):
     assert load_config(data_dir=tmp_path, environ={}).archive == "off"
     assert load_config(data_dir=tmp_path, environ={}, flags={"archive": "on"}).archive == "on"
     assert load_config(data_dir=tmp_path, environ={"LOCOMESH_ARCHIVE": "on"}).archive == "on"
+
+
+# --- fetching what the audit lacks from a peer ----------------------------------------------------
+
+
+def as_seen(run: HandBuiltRun) -> None:
+    """Make the run one the node merely knows, so that its daemon does not take part in it."""
+    joined = run.data_dir / "runs" / "joined"
+    (run.data_dir / "runs" / "seen").mkdir(parents=True, exist_ok=True)
+    for path in joined.iterdir():
+        path.rename(run.data_dir / "runs" / "seen" / path.name)
+
+
+def test_with_fetch_the_daemon_downloads_the_missing_payloads_from_an_archive_and_the_audit_passes(honest, tmp_path, capsys):
+    archive, auditor = honest.copy(tmp_path / "archive"), honest.copy(tmp_path / "auditor")
+    for number in (1, 2):
+        manifest_path(auditor.store, auditor.payloads[number][2]).unlink()  # the auditor keeps only its own
+    manifest_path(auditor.store, auditor.states[1]).unlink()
+    for run in (archive, auditor):
+        as_seen(run)
+    run_id = format_run_id(honest.run_id)
+    assert main(["run", "audit", run_id, "--data-dir", str(auditor.data_dir), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["missing"] == 2
+    with open(tmp_path / "daemons.log", "wb") as log, DaemonProcess(archive.data_dir, log=log) as server:
+        server.wait_ready()
+        address = server.rpc().call("node.status")["listen_addrs"][0]
+        with DaemonProcess(auditor.data_dir, log=log) as client:
+            client.wait_ready()
+            assert main(["run", "audit", run_id, "--data-dir", str(auditor.data_dir), "--json", "--fetch",
+                         "--provider", address, "--wait", "60"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert (result["ok"], result["missing"]) == (3, 0)
+    # A first pass finds round 1's payload and state missing (the replay stops there), the second
+    # round 2's payload, which only a replay that went on could see.
+    lacking = {auditor.payloads[1][2].hex(), auditor.states[1].hex(), auditor.payloads[2][2].hex()}
+    assert set(result["fetched"]) == lacking and set(result["fetched"].values()) == {"done"}
+
+
+def test_fetch_needs_the_daemon(honest, tmp_path, capsys):
+    auditor = honest.copy(tmp_path / "auditor")
+    manifest_path(auditor.store, auditor.payloads[1][2]).unlink()
+    assert main(["run", "audit", format_run_id(honest.run_id), "--data-dir", str(auditor.data_dir), "--fetch"]) == 3
