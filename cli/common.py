@@ -68,3 +68,11 @@ def show_call(
         return fail(f"{method} failed: {error.message}", EXIT_ERROR)
     print(json.dumps(result, indent=2, sort_keys=True) if args.json else as_table(result))
     return EXIT_OK
+
+
+def peer_name(key_hex: str) -> str:
+    """A member's public key (hex, as the RPC and the audit give it) as its peer ID, the name the
+    CLI shows peers by."""
+    from locomesh.protocol import peer_id_from_public_key
+
+    return peer_id_from_public_key(bytes.fromhex(key_hex))

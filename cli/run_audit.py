@@ -22,7 +22,7 @@ import time
 from typing import Any
 
 from .client import DEFAULT_TIMEOUT, EXIT_ERROR, EXIT_OK, EXIT_USAGE, DaemonNotRunning, RpcCallError, RpcClient
-from .common import add_run_action, data_dir_of, fail, no_daemon
+from .common import add_run_action, data_dir_of, fail, no_daemon, peer_name
 
 # With --fetch: at most this many audits, each followed by the downloads of what it lacked (a state
 # fetched lets the replay go on to rounds whose payloads it then finds missing), and at most this
@@ -113,16 +113,10 @@ def format_audit(result: dict[str, Any]) -> str:
 def _line(report: dict[str, Any]) -> str:
     head = f"round {report['round']:>4}: "
     if report["verdict"] == "ok":
-        return head + f"ok (the set proposed by {_peer(report['proposer'])})"
+        return head + f"ok (the set proposed by {peer_name(report['proposer'])})"
     if report["verdict"] == "mismatch":
-        signers = ", ".join(_peer(voter) for voter in report["voters"])
+        signers = ", ".join(peer_name(voter) for voter in report["voters"])
         return head + (f"MISMATCH: certified hash {report['certified'][:16]} does not follow from the round's "
                        f"contributions ({report['note']}); signed by {signers}")
     what = f"{len(report['missing'])} checkpoints not in the store: {', '.join(m[:16] for m in report['missing'])}"
     return head + "missing: " + "; ".join(part for part in (what if report["missing"] else "", report["note"]) if part)
-
-
-def _peer(key_hex: str) -> str:
-    from locomesh.protocol import peer_id_from_public_key
-
-    return peer_id_from_public_key(bytes.fromhex(key_hex))

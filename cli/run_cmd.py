@@ -20,7 +20,7 @@ import time
 from typing import Any
 
 from .client import EXIT_ERROR, EXIT_OK, EXIT_USAGE, DaemonNotRunning, RpcCallError, RpcClient
-from .common import add_data_dir_argument, data_dir_of, fail, no_daemon
+from .common import add_data_dir_argument, data_dir_of, fail, no_daemon, peer_name
 
 # Looking a run up in the DHT can take a while on a large network; creating one publishes it.
 RPC_TIMEOUT = 60.0
@@ -159,6 +159,12 @@ def format_status(status: dict[str, Any]) -> str:
         loss = "-" if record["eval_loss"] is None else f"{record['eval_loss']:.4f}"
         floor = "" if record["floor"] is None else f" (floor {record['floor']:.4f})"
         lines.append(f"  round {record['round']:>4}: eval loss {loss}{floor}, {how}, {record['seconds']:.1f} s")
+    scores = status.get("scores") or {}
+    if scores:
+        lines.append("  contribution scores (loss change applied alone; newest rounds):")
+    for member, history in sorted(scores.items()):
+        rounds = ", ".join(f"r{row['round']} {row['score']:+.4f}" for row in history["rounds"])
+        lines.append(f"    {peer_name(member)}  mean {history['mean']:+.4f}  {rounds}")
     return "\n".join(lines)
 
 

@@ -5,6 +5,7 @@
 - `replica`: the DAG store: validation, the bounded pending buffer, heads;
 - `facts` and `view`: what the ops say, and the run state derived from it; `electorate`: who
   weighs in a round (contributors, earned influence, attempts, certificates);
+- `scores`: contribution scores, the scoring committee and the median of its reports;
 - `evidence`: self-verifying proofs of equivocation; `snapshot`: certified compaction;
 - `sync`: the anti-entropy state machine (heads, want, ops).
 """

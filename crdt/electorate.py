@@ -34,7 +34,9 @@ Everything here is a pure function of the facts (facts.py) and the genesis, so o
 
 from __future__ import annotations
 
+import hashlib
 from collections import Counter, defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from .facts import Facts
@@ -69,6 +71,14 @@ class Certificate:
     def electorate(self) -> frozenset[bytes]:
         """The electorate of the attempt that certified the round."""
         return self.attempts[-1]
+
+
+def drawn_order(label: bytes, round_: int, seed: bytes, attempt: int, members: Iterable[bytes]) -> list[bytes]:
+    """`members` in an order drawn from (`label`, round, attempt, `seed`): the same on every peer,
+    new every round, and no peer can pick its place (the proposers, stewards and committees of
+    node/rounds/orders.py, the scoring committee of scores.py)."""
+    tag = hashlib.sha256(label + round_.to_bytes(8, "big") + attempt.to_bytes(2, "big") + seed).digest()
+    return sorted(members, key=lambda key: hashlib.sha256(tag + key).digest())
 
 
 # --- bans and contributors ----------------------------------------------------------------------

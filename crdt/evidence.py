@@ -8,7 +8,9 @@ reaches the same verdict alone, whatever else it holds:
 - "double-vote": two round votes by one author for the same round that differ (in the hash, or
   in the proposer whose set they say they aggregated);
 - "double-commit": two payload commitments by one author for the same round that differ (in
-  hash or size: one payload cannot match both).
+  hash or size: one payload cannot match both);
+- "double-propose", "double-score": two proposals, or two contribution score reports, by one
+  author for the same round that differ.
 
 The two ops need not be valid in the DAG (their parents may never be released): the seal
 alone (the author's signature over a batch holding the op) makes each one the author's statement.
@@ -21,7 +23,8 @@ from locomesh.protocol import ProtocolError
 from .facts import Facts
 from .ops import Op, decode_op
 
-REASONS = ("fork", "double-vote", "double-commit", "double-propose")  # the order `evidence_fields` tries them in
+# The order `evidence_fields` tries them in.
+REASONS = ("fork", "double-vote", "double-commit", "double-propose", "double-score")
 
 
 def guilty_author(reason: str, a_bytes: bytes, b_bytes: bytes, run: bytes) -> bytes:
@@ -46,11 +49,17 @@ def conflict(reason: str, a: Op, b: Op) -> bool:
         return _same_round(a, b, "crdt.commit") and (a.body["hash"], a.body["size"]) != (b.body["hash"], b.body["size"])
     if reason == "double-propose":
         return _same_round(a, b, "crdt.propose") and a.body["authors"] != b.body["authors"]
+    if reason == "double-score":
+        return _same_round(a, b, "crdt.score") and _report(a) != _report(b)
     return False
 
 
 def _vote(op: Op) -> tuple[bytes, bytes]:
     return op.body["hash"], op.body.get("proposer", b"")
+
+
+def _report(op: Op) -> tuple[list[bytes], list[int]]:
+    return op.body["authors"], op.body["scores"]
 
 
 def _same_round(a: Op, b: Op, kind: str) -> bool:
@@ -73,7 +82,8 @@ def ban_reason(facts: Facts, author: bytes) -> str | None:
     if author in facts.forked:
         return "fork: two different ops at one place in its chain"
     if author in facts.equivocated:
-        for name, rows in (("vote", facts.votes), ("payload commitment", facts.commits), ("proposal", facts.proposals)):
+        for name, rows in (("vote", facts.votes), ("payload commitment", facts.commits), ("proposal", facts.proposals),
+                           ("score report", facts.scores)):
             said: dict[int, int] = {}  # round -> how many different statements
             for row in rows:
                 if row[0] == author:

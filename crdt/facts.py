@@ -9,8 +9,8 @@ its effects are dropped.
 
 Beside the sets, `Facts` keeps a few indexes, each a pure function of the sets and updated as
 rows are added, so the questions asked on every poll cost no scan of the whole log: votes and
-commits by round, each author's newest join and leave, and the authors who contradicted
-themselves (two votes, two commitments or two proposals for one round).
+commits (and scores) by round, each author's newest join and leave, and the authors who
+contradicted themselves (two votes, two commitments, two proposals or two scores for one round).
 
 The facts are also what a snapshot carries: `encode` gives their one canonical form, its
 SHA-256 is the state hash that a quorum signs, and the facts of the ops covered by a snapshot
@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from locomesh.protocol import ProtocolError, pack, unpack
-from locomesh.protocol.kinds import MAX_PAYLOAD_SIZE, MAX_PROPOSAL
+from locomesh.protocol.kinds import MAX_PAYLOAD_SIZE, MAX_PROPOSAL, MAX_SCORE
 from locomesh.protocol.schema import Bytes, Int, List, Map, Scalar, Spec, Struct
 
 from .ops import Op, OpId
@@ -64,7 +64,12 @@ _FACTS_SCHEMA = Struct(
         "convicted": List(_hash, max_len=_ROWS),
         "snapshots": _table(_hash, _hash, List(_hash, max_len=64, min_len=1), _int),
         "timeouts": _table(_hash, _int, _int),
-    }
+        "scores": _table(_hash, Int(1, 2**40), List(_hash, max_len=MAX_PROPOSAL, min_len=1),
+                         List(Int(-MAX_SCORE, MAX_SCORE), max_len=MAX_PROPOSAL, min_len=1)),
+    },
+    # Written only when there are scores, so the facts (and state hash) of a run without any
+    # are what they were before score ops existed.
+    optional=frozenset({"scores"}),
 )
 
 
@@ -82,16 +87,21 @@ class Facts:
     # (author, state hash, frontier, op count)
     snapshots: set[tuple[bytes, bytes, tuple[OpId, ...], int]] = field(default_factory=set)
     timeouts: set[tuple[bytes, int, int]] = field(default_factory=set)  # (author, round, attempt)
+    # (author, round, scored authors, their scores in SCORE_UNIT units)
+    scores: set[tuple[bytes, int, tuple[bytes, ...], tuple[int, ...]]] = field(default_factory=set)
     # Derived indexes, kept incrementally (see the module docstring).
     _chain: dict[tuple[bytes, int], OpId] = field(default_factory=dict, repr=False)
     forked: set[bytes] = field(default_factory=set)  # two ops at one (author, seq)
-    equivocated: set[bytes] = field(default_factory=set)  # two different votes, commitments or proposals for one round
+    # Two different votes, commitments, proposals or score reports for one round.
+    equivocated: set[bytes] = field(default_factory=set)
     newest_join: dict[bytes, tuple[int, int]] = field(default_factory=dict, repr=False)  # author -> (seq, round)
     newest_leave: dict[bytes, tuple[int, int]] = field(default_factory=dict, repr=False)
     _votes_by_round: dict[int, dict[bytes, set[tuple[bytes, bytes]]]] = field(default_factory=dict, repr=False)
     _timeouts_by_round: dict[int, dict[bytes, set[int]]] = field(default_factory=dict, repr=False)
     _commits_by_round: dict[int, dict[bytes, set[tuple[bytes, int]]]] = field(default_factory=dict, repr=False)
     _proposals_by_round: dict[int, dict[bytes, set[tuple[bytes, ...]]]] = field(default_factory=dict, repr=False)
+    _scores_by_round: dict[int, dict[bytes, set[tuple[tuple[bytes, ...], tuple[int, ...]]]]] = field(
+        default_factory=dict, repr=False)
 
     def add(self, op: Op, depth: int, convicts: bytes | None = None) -> None:
         """Add the facts of one op; `convicts` is the author its (verified) evidence convicts."""
@@ -110,6 +120,8 @@ class Facts:
                 self._add_commit((author, body["round"], body["hash"], body["size"]))
             case "propose":
                 self._add_proposal((author, body["round"], tuple(body["authors"])))
+            case "score":
+                self._add_score((author, body["round"], tuple(body["authors"]), tuple(body["scores"])))
             case "checkpoint" | "attest":
                 self.attests.add((author, body["round"], body["id"], body["size"]))
             case "hparams":
@@ -137,6 +149,10 @@ class Facts:
     def proposals_in(self, round_: int) -> dict[bytes, set[tuple[bytes, ...]]]:
         """author -> the contributor sets it proposed for `round_` (more than one: it equivocated)."""
         return self._proposals_by_round.get(round_, {})
+
+    def scores_in(self, round_: int) -> dict[bytes, set[tuple[tuple[bytes, ...], tuple[int, ...]]]]:
+        """author -> the (authors, scores) it reported for `round_` (more than one: it equivocated)."""
+        return self._scores_by_round.get(round_, {})
 
     def _index(self, op_id: OpId, author: bytes, seq: int, depth: int) -> None:
         self.ops[op_id] = (author, seq, depth)
@@ -175,6 +191,12 @@ class Facts:
         author, round_, authors = row
         self._by_round(self._proposals_by_round, author, round_, authors)
 
+    def _add_score(self, row: tuple[bytes, int, tuple[bytes, ...], tuple[int, ...]]) -> None:
+        # Two different reports for one round: the measurer told peers different things.
+        self.scores.add(row)
+        author, round_, authors, values = row
+        self._by_round(self._scores_by_round, author, round_, (authors, values))
+
     def _by_round(self, index: dict[int, dict[bytes, set]], author: bytes, round_: int, value: Any) -> None:
         said = index.setdefault(round_, {}).setdefault(author, set())
         said.add(value)
@@ -185,21 +207,22 @@ class Facts:
 
     def encode(self) -> bytes:
         """The one byte form of these facts; its SHA-256 is the snapshot state hash."""
-        return pack(
-            {
-                "ops": sorted([i, a, s, d] for i, (a, s, d) in self.ops.items()),
-                "joins": sorted(list(row) for row in self.joins),
-                "leaves": sorted(list(row) for row in self.leaves),
-                "votes": sorted(list(row) for row in self.votes),
-                "commits": sorted(list(row) for row in self.commits),
-                "proposals": sorted([a, r, list(who)] for a, r, who in self.proposals),
-                "attests": sorted(list(row) for row in self.attests),
-                "hparams": sorted(list(row) for row in self.hparams),
-                "convicted": sorted(self.convicted),
-                "snapshots": sorted([a, s, list(f), n] for a, s, f, n in self.snapshots),
-                "timeouts": sorted(list(row) for row in self.timeouts),
-            }
-        )
+        encoded = {
+            "ops": sorted([i, a, s, d] for i, (a, s, d) in self.ops.items()),
+            "joins": sorted(list(row) for row in self.joins),
+            "leaves": sorted(list(row) for row in self.leaves),
+            "votes": sorted(list(row) for row in self.votes),
+            "commits": sorted(list(row) for row in self.commits),
+            "proposals": sorted([a, r, list(who)] for a, r, who in self.proposals),
+            "attests": sorted(list(row) for row in self.attests),
+            "hparams": sorted(list(row) for row in self.hparams),
+            "convicted": sorted(self.convicted),
+            "snapshots": sorted([a, s, list(f), n] for a, s, f, n in self.snapshots),
+            "timeouts": sorted(list(row) for row in self.timeouts),
+        }
+        if self.scores:
+            encoded["scores"] = sorted([a, r, list(who), list(values)] for a, r, who, values in self.scores)
+        return pack(encoded)
 
     @classmethod
     def decode(cls, data: bytes) -> Facts:
@@ -227,6 +250,8 @@ class Facts:
         facts.snapshots = {(a, s, tuple(f), n) for a, s, f, n in raw["snapshots"]}
         for row in raw["timeouts"]:
             facts._add_timeout(tuple(row))
+        for author, round_, authors, values in raw.get("scores", ()):
+            facts._add_score((author, round_, tuple(authors), tuple(values)))
         if facts.encode() != data:
             raise ProtocolError("non-canonical", "snapshot facts are not in their canonical order")
         return facts

@@ -17,7 +17,9 @@ ops, for any round, without ever joining, and every replica would keep them for 
    the second is let in, and a conflicting pair shows as an equivocation; a third is refused);
    one checkpoint per round it aggregated (two after a restart in the middle of one); no attest
    (a checkpoint counts as its author's attestation: 4 leave room for a few candidates); one
-   join naming a round (and a leave, or a join again, after a quick change of mind); a timeout
+   join naming a round (and a leave, or a join again, after a quick change of mind); one score
+   per round a scoring committee member measured (capped at 2 like a vote: a second, different
+   one is an equivocation); a timeout
    per attempt at a round, attempts up to MAX_ATTEMPT; an evidence op per equivocator it sees.
    Round-less kinds (`snapshot`, `evidence`) count against the newest round the author's own
    chain named.
@@ -90,6 +92,7 @@ RULES: dict[str, Rule | None] = {
     "timeout": Rule(1, key=("round", "attempt"), bounds=(("attempt", MAX_ATTEMPT),)),
     "checkpoint": Rule(2),
     "attest": Rule(4),
+    "score": Rule(2),
     "snapshot": Rule(2, key=()),
     "evidence": Rule(16, key=(), members_only=False),
     "hparams": None,  # genesis writers only (genesis.py), exempt from the rest
@@ -210,8 +213,8 @@ def _count_on_chain(link: Link | None, kind: str, at: Any, round_: int) -> int:
 
 def earlier_statement(facts: Facts, author: bytes, op_type: str, fields: Mapping[str, Any]) -> str | None:
     """What `author` already said that an op of `op_type` with `fields` would say again: "same"
-    (the same vote, commitment, proposal or attestation: writing it again adds nothing), "conflict"
-    (a different vote, commitment or proposal for the round: writing it is an equivocation, a
+    (the same vote, commitment, proposal, score or attestation: writing it again adds nothing),
+    "conflict" (a different vote, commitment, proposal or score for the round: writing it is an equivocation, a
     ban), or None. For the node's own writes after a restart (node/replication/service.py)."""
     if op_type in ("checkpoint", "attest"):
         said = (author, fields["round"], fields["id"], fields["size"]) in facts.attests
@@ -222,6 +225,8 @@ def earlier_statement(facts: Facts, author: bytes, op_type: str, fields: Mapping
         saying, said = (fields["hash"], fields["size"]), facts.commits_in(fields["round"]).get(author)
     elif op_type == "propose":
         saying, said = tuple(fields["authors"]), facts.proposals_in(fields["round"]).get(author)
+    elif op_type == "score":
+        saying, said = (tuple(fields["authors"]), tuple(fields["scores"])), facts.scores_in(fields["round"]).get(author)
     else:
         return None
     if not said:

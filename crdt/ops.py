@@ -133,6 +133,7 @@ def op_content(author: bytes, run: bytes, kind: str, parents: list[OpId], seq: i
     if kind not in CRDT_OP_KINDS:
         raise ProtocolError("unexpected-kind", f"{kind!r} is not an op kind")
     lookup(kind).body.check(body)  # we never seal junk
+    _check_fields(kind, body)
     content = canonical.pack({"author": author, "body": body, "kind": kind, "run": run, "v": OP_VERSION})
     _check_size(kind, content)
     return content
@@ -167,9 +168,19 @@ def _check_content(content: bytes, run: bytes) -> tuple[str, bytes, dict[str, An
     lookup(kind).body.check(body)
     _require_canonical(raw, content)
     _require_sorted(tuple(body["parents"]), "parents")
+    _check_fields(kind, body)
+    return kind, author, body
+
+
+def _check_fields(kind: str, body: dict[str, Any]) -> None:
+    """What a kind's schema cannot say: the order of ID lists, paired lists of one length."""
     if kind == "crdt.snapshot":
         _require_sorted(tuple(body["frontier"]), "frontier")
-    return kind, author, body
+    elif kind == "crdt.score":
+        # One score per author, in one order: a reordered op would be the same statement twice.
+        _require_sorted(tuple(body["authors"]), "authors")
+        if len(body["scores"]) != len(body["authors"]):
+            raise ProtocolError("bad-op", "a score op has one score per author")
 
 
 # Canonical bytes, checked fast. `canonical.unpack` decodes, re-encodes through a Python walk of

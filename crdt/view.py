@@ -36,6 +36,7 @@ Everything here is a pure function of the facts (facts.py), so of the op set. Th
 - **Hyperparameters**: changes come only from keys named at genesis (checked per op); each names
   the round it takes effect. The value for round r is the genesis value overlaid by the changes
   with round ≤ r, in (round, op ID) order.
+- **Contribution scores**: scores.py (a committee's signed reports, their median per contribution).
 - **Snapshots**: a snapshot (state hash, frontier, op count) is certified when more than 2/3 of
   the current members signed the same one.
 """

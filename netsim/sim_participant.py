@@ -51,6 +51,7 @@ class SimCost:
 class _Settings:
     inner_steps: int
     delayed_updates: bool = False
+    scoring: str = "off"  # a modelled state has no loss to score contributions by
 
 
 @dataclass(frozen=True)
@@ -131,6 +132,14 @@ class SimParticipant:
 
     def _tensors(self) -> dict[str, np.ndarray]:
         return {"state": np.frombuffer(self.state, dtype=np.uint8)}
+
+    def scoring_base(self) -> None:
+        """Nothing: the simulated run never scores (its settings say "off")."""
+        return None
+
+    def score(self, base: Any, payloads: Mapping[bytes, Any], seed: int) -> dict[bytes, float]:
+        """No scores: a modelled state has no loss."""
+        return {}
 
     def state_hash(self) -> bytes:
         return state_digest(self._tensors())

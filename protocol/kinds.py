@@ -142,6 +142,20 @@ MAX_PROPOSAL = 512
 CRDT_PROPOSE = _op_kind(
     "propose", {"round": Int(1, 2**40), "authors": List(_public_key, max_len=MAX_PROPOSAL, min_len=1)}, MAX_OP_SIZE
 )
+# A scoring committee member's measurement of round `round`'s accepted contributions
+# (crdt/scores.py): `authors` sorted and distinct, `scores[i]` the score of `authors[i]` in
+# SCORE_UNIT units (fixed point: one encoding per value, and bounded), at most a round's set.
+SCORE_UNIT = 1_000_000  # one unit = 1e-6 of a loss (nats)
+MAX_SCORE = 1_000_000_000  # |score| <= 1000: a loss change beyond that is clipped by the measurer
+CRDT_SCORE = _op_kind(
+    "score",
+    {
+        "round": Int(1, 2**40),
+        "authors": List(_public_key, max_len=MAX_PROPOSAL, min_len=1),
+        "scores": List(Int(-MAX_SCORE, MAX_SCORE), max_len=MAX_PROPOSAL, min_len=1),
+    },
+    MAX_OP_SIZE,
+)
 _checkpoint = {"id": _hash, "round": _round, "size": Int(0, 2**50)}
 CRDT_CHECKPOINT = _op_kind("checkpoint", _checkpoint, 4 * KiB)
 CRDT_ATTEST = _op_kind("attest", _checkpoint, 4 * KiB)
@@ -152,14 +166,14 @@ CRDT_SNAPSHOT = _op_kind(
 CRDT_EVIDENCE = _op_kind(
     "evidence",
     {
-        "reason": OneOf(frozenset({"fork", "double-vote", "double-commit", "double-propose"})),
+        "reason": OneOf(frozenset({"fork", "double-vote", "double-commit", "double-propose", "double-score"})),
         "a": Bytes(1, MAX_OP_SIZE + SEAL_OVERHEAD),
         "b": Bytes(1, MAX_OP_SIZE + SEAL_OVERHEAD),
     },
     2 * (MAX_OP_SIZE + SEAL_OVERHEAD) + 4 * KiB,
 )
 _op_kinds = (CRDT_JOIN, CRDT_LEAVE, CRDT_VOTE, CRDT_TIMEOUT, CRDT_COMMIT, CRDT_PROPOSE, CRDT_CHECKPOINT, CRDT_ATTEST, CRDT_HPARAMS, CRDT_SNAPSHOT,
-             CRDT_EVIDENCE)
+             CRDT_EVIDENCE, CRDT_SCORE)
 CRDT_OP_KINDS = frozenset(kind.name for kind in _op_kinds)
 MAX_SEALED_OP = CRDT_EVIDENCE.max_size + SEAL_OVERHEAD  # the largest op on the wire
 

@@ -40,6 +40,11 @@ class TrainingSettings(Protocol):
     @property
     def delayed_updates(self) -> bool: ...
 
+    @property
+    def scoring(self) -> str:
+        """The run's contribution scoring policy: "off" or "report" (`run_settings.SCORING_POLICIES`)."""
+        ...
+
 
 @runtime_checkable
 class OuterShape(Protocol):
@@ -75,6 +80,16 @@ class RoundParticipant(Protocol):
 
     def aggregate(self, payloads: Mapping[bytes, bytes]) -> object:
         """The outer step over the round's payloads by author key: θ_r becomes θ_{r+1}."""
+        ...
+
+    def scoring_base(self) -> Any:
+        """The state before this round's `aggregate` (θ_r), kept for `score`; opaque to the round."""
+        ...
+
+    def score(self, base: Any, payloads: Mapping[bytes, Any], seed: int) -> dict[bytes, float]:
+        """author -> the score of its payload applied alone to `base` (`scoring_base`), on batches
+        drawn from `seed`: a float, not bit-exact across CPUs; −inf for a payload that does not
+        decode. May run while `train` and `evaluate` run (it uses a model of its own)."""
         ...
 
     def state_hash(self) -> bytes:

@@ -123,6 +123,7 @@ class Participant:
             InnerConfig(lr=settings.inner_lr, batch_size=settings.batch_size),
         )
         self._eval_model: Any = None  # made on the first evaluation (`evaluate`)
+        self._score_model: Any = None  # made on the first `score`: it runs beside `train` and `evaluate`
         self.key = key
         self.encoder = Encoder(settings.codec, error_feedback=settings.codec != "fp32")
         self.outer = OuterStep(flatten(self.worker.model), settings.outer_config())
@@ -201,6 +202,41 @@ class Participant:
             self._eval_model = copy.deepcopy(self.worker.model)
         unflatten_into(self._eval_model, self.outer.theta)
         return self.task.evaluate(self._eval_model)
+
+    # --- contribution scores (training/scoring.py; the daemon's side: node/rounds/scoring.py) -------------
+
+    def scoring_base(self) -> np.ndarray:
+        """θ now, before this round's `aggregate`, for `score` once the round is certified (the
+        outer step replaces θ and never writes into it, so this array stays θ_r)."""
+        return self.outer.theta
+
+    def score(self, base: np.ndarray, payloads: Mapping[bytes, Any], seed: int) -> dict[bytes, float]:
+        """author -> the score of its payload applied alone to `base` (`scoring_base`), on the
+        run's `scoring_batches` batches drawn from `seed`: L(base) − L(base − Δ). A payload that
+        does not decode scores −inf. Decodes one payload at a time, in a model of its own, so it
+        may run while `train` or `evaluate` run."""
+        if self._score_model is None:
+            self._score_model = copy.deepcopy(self.worker.model)
+        from .scoring import scored  # torch: only where scores are measured
+
+        config, numel = self.outer.config, self.outer.numel
+        block = None if config.codec == "fp32" else config.block_size
+        results: dict[bytes, float] = {}
+
+        def deltas():  # one decoded Δ at a time: n of them at once would cost n models' memory
+            for author in sorted(payloads):
+                try:
+                    delta = decode(bytes(payloads[author]), numel, modes=(config.codec,), block_size=block)
+                except ValueError:
+                    delta = None
+                if delta is None or not np.isfinite(delta).all():
+                    results[author] = -math.inf
+                else:
+                    yield author, delta
+
+        results.update(scored(self.task, self._score_model, base, deltas(), seed=seed,
+                              batches=self.settings.scoring_batches, batch_size=self.settings.scoring_batch_size))
+        return results
 
     # --- what a payload and a state of this run can be ---------------------------------------------
 

@@ -28,6 +28,13 @@ from .aggregators import AGGREGATORS
 from .codec import MODES
 from .outer import OuterConfig
 
+# "off" is the default: a committee member runs (set size + 1) x scoring_batches forward passes a
+# round (for the default task with 4 batches, ~1.3 inner steps' worth per contribution: a whole
+# round's training at ~35 contributors) on CPU it shares with the next round's training, so a
+# run opts in. Only "report" so far: weighing the aggregate by scores needs the scores agreed on
+# before the outer step, which this does not do yet.
+SCORING_POLICIES = ("off", "report")
+
 
 class ParticipantError(ValueError):
     """A run's settings or a shared state this peer cannot use."""
@@ -130,6 +137,11 @@ RULES: dict[str, Rule] = {
     "min_peers": _integer(1, 10_000),
     "eval_every": _integer(0, 1_000_000),  # evaluate the shared state every this many rounds (0: never)
     "delayed_updates": Rule(bool),  # train round r+1 while round r is exchanged (see training/participant.py)
+    # Contribution scores (training/scoring.py, crdt/scores.py): "report" has a committee of each
+    # round measure and sign them, for `run status`; they change no aggregate.
+    "scoring": _choice(*SCORING_POLICIES),
+    "scoring_batches": _integer(1, 64),
+    "scoring_batch_size": _integer(1, 1024),
 }
 
 
@@ -152,6 +164,9 @@ class RoundSettings:
     min_peers: int = 1  # a round starts once this many peers are eligible for it
     eval_every: int = 1
     delayed_updates: bool = False
+    scoring: str = "off"
+    scoring_batches: int = 4
+    scoring_batch_size: int = 16
 
     @classmethod
     def from_hparams(cls, hparams: Mapping[str, Any]) -> RoundSettings:

@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Hashable
+from typing import Hashable, TypeVar
 
 import numpy as np
 import torch
@@ -63,9 +63,22 @@ def score_contributions(
 ) -> dict[Hashable, float]:
     """Every contribution's score on `config.batches` batches drawn from `seed` (the round's
     randomness), computed in the model `scratch` (its parameters are overwritten)."""
-    batches = [task.batch(seed, SCORING_PEER, k, config.batch_size) for k in range(config.batches)]
-    base = _mean_loss(scratch, theta, batches)
-    return {author: base - _mean_loss(scratch, theta - delta, batches) for author, delta in deltas.items()}
+    return dict(scored(task, scratch, theta, deltas.items(), seed=seed, batches=config.batches,
+                       batch_size=config.batch_size))
+
+
+Key = TypeVar("Key")
+
+
+@torch.no_grad()
+def scored(task: Task, scratch: torch.nn.Module, theta: np.ndarray, deltas: Iterable[tuple[Key, np.ndarray]], *,
+           seed: int, batches: int, batch_size: int) -> Iterator[tuple[Key, float]]:
+    """`score_contributions` one contribution at a time, as `deltas` yields them (so a caller that
+    decodes each Δ on demand holds one in memory at a time)."""
+    drawn = [task.batch(seed, SCORING_PEER, k, batch_size) for k in range(batches)]
+    base = _mean_loss(scratch, theta, drawn)
+    for author, delta in deltas:
+        yield author, base - _mean_loss(scratch, theta - delta, drawn)
 
 
 def bar(scores: Mapping[Hashable, float], keep_ratio: float) -> float:

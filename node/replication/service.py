@@ -54,6 +54,7 @@ from libp2p.tools.anyio_service import background_trio_service
 from locomesh.crdt import Genesis, Replica, evidence_fields
 from locomesh.crdt.evidence import ban_reason
 from locomesh.crdt.limits import earlier_statement
+from locomesh.crdt.scores import scores_json
 from locomesh.crdt.sync import SYNC_KINDS, SyncPuller, SyncServer
 from locomesh.protocol import ProtocolError, decode, encode, peer_id_from_public_key, public_key_from_peer_id
 from locomesh.protocol.kinds import CRDT_OPS, MAX_BATCH_OPS
@@ -423,7 +424,8 @@ class CrdtService:
             raise RpcError(RUN_NOT_FOUND, f"this node does not replicate run {run_id}")
         state = replica.state.to_json()
         return {"run_id": format_run_id(replica.run_id), **state, "heads": len(replica.heads),
-                "pending": len(replica.pending), "wanted": len(replica.wanted())}
+                "pending": len(replica.pending), "wanted": len(replica.wanted()),
+                "scores": scores_json(replica.facts, replica.state)}
 
     def _count(self, error: ProtocolError) -> None:
         if self._node is not None:

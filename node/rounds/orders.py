@@ -1,11 +1,11 @@
 """Who does what in a round, drawn alike on every peer: the proposer order, the state stewards,
 and the round a join names. Pure functions of the round, its attempt and a seed no key could know
-when it was made (the hash certified before the round)."""
+when it was made (the hash certified before the round). The scoring committee, which the run
+state itself must know, is drawn by the same `drawn_order` in crdt/scores.py."""
 
 from __future__ import annotations
 
-import hashlib
-
+from locomesh.crdt.electorate import drawn_order
 from locomesh.node.rounds.events import Author
 
 
@@ -21,7 +21,7 @@ def state_stewards(round_number: int, seed: bytes, electorate: set[Author] | fro
     time that the round's training and exchange were short of). More than the faults a quorum
     tolerates (f < n/3), at least two: one honest steward that voted the certified hash always
     stores it. Drawn as the proposers are, so the work moves round by round."""
-    order = _drawn_order(b"locomesh steward", round_number, seed, 0, electorate)
+    order = drawn_order(b"locomesh steward", round_number, seed, 0, electorate)
     return order[: max(2, (len(order) - 1) // 3 + 1)]
 
 
@@ -30,15 +30,7 @@ def proposer_order(round_number: int, seed: bytes, candidates: set[Author] | fro
     `attempt`): drawn from the round, the attempt and `seed` (the hash of the state certified
     before the round, which no key could know when it was made: nobody grinds a key to come first
     in a round of its choosing), so it changes every round and every attempt."""
-    return _drawn_order(b"locomesh proposer", round_number, seed, attempt, candidates)
-
-
-def _drawn_order(label: bytes, round_number: int, seed: bytes, attempt: int,
-                 members: set[Author] | frozenset[Author]) -> list[Author]:
-    """`members` in an order drawn from (`label`, round, attempt, `seed`): the same on every peer,
-    new every round, and no peer can pick its place."""
-    tag = hashlib.sha256(label + round_number.to_bytes(8, "big") + attempt.to_bytes(2, "big") + seed).digest()
-    return sorted(members, key=lambda key: hashlib.sha256(tag + key).digest())
+    return drawn_order(b"locomesh proposer", round_number, seed, attempt, candidates)
 
 
 def shard_committees(round_number: int, seed: bytes, electorate: set[Author] | frozenset[Author], shards: int,
@@ -52,6 +44,6 @@ def shard_committees(round_number: int, seed: bytes, electorate: set[Author] | f
     is what `node/sharded/plan.py`'s bound assumes."""
     if shards < 1 or size < 1:
         raise ValueError("shards and committee size must be positive")
-    order = _drawn_order(b"locomesh committee", round_number, seed, 0, electorate)
+    order = drawn_order(b"locomesh committee", round_number, seed, 0, electorate)
     size = min(size, len(order))
     return [[order[(shard * size + j) % len(order)] for j in range(size)] for shard in range(shards)]

@@ -13,7 +13,9 @@ else:
   commits, proposals, votes,
   timeouts and checkpoint attestations are CRDT ops (`CrdtService.write`);
 - the round's state stewards store each new state, every voter attests it, and a sync loads the
-  certified one (`states`).
+  certified one (`states`);
+- with contribution scoring on, a member on a certified round's scoring committee measures and
+  signs the round's contributions beside the next round's work (`scoring`).
 
 The loop wakes on every completion and at least every `POLL_SECONDS`, hands the machine an
 `Observation` of the replica, and carries out what comes back.
@@ -31,6 +33,7 @@ import trio
 
 from locomesh.crdt import Replica
 from locomesh.crdt.evidence import ban_reason
+from locomesh.crdt.scores import scores_json
 from locomesh.protocol import peer_id_from_public_key
 from locomesh.protocol.runs import short_run_id
 from locomesh.training.contract import RoundParticipant
@@ -38,6 +41,7 @@ from locomesh.training.run_settings import TrainingDiverged
 
 from locomesh.node.rounds import machine as rm
 from locomesh.node.rounds.payloads import PayloadExchange
+from locomesh.node.rounds.scoring import RoundScorer
 from locomesh.node.rounds.states import StateKeeper
 from locomesh.node.rounds.status import waiting_on
 from locomesh.node.transfer.download import DownloadProgress, Offload
@@ -99,6 +103,7 @@ class RunParticipation:
         self.states = StateKeeper(node, crdt, replica, participant, checkpoint_dir, scores, compute=compute,
                                   compute_lock=self._compute, offload=offload, other_members=self._other_members,
                                   archive=archive)
+        self.scoring = RoundScorer(replica, participant, self.me, compute, crdt)
 
     async def run(self) -> None:
         if self.participant.evaluation_due():
@@ -199,6 +204,7 @@ class RunParticipation:
             "payloads_sent": self.payloads_sent,
             "initial_eval_loss": self.initial_eval.get("loss"),
             "history": [record.to_json() for record in self.history],
+            "scores": scores_json(self.replica.facts, state),  # member -> its recent contribution scores
         }
 
     def _waiting(self) -> dict[str, Any]:
@@ -262,8 +268,11 @@ class RunParticipation:
                 case rm.PublishJoin(round=r):
                     logger.info("our membership lapsed (no commit or vote for a while); joining again from round %d", r)
                     self.crdt.write(self.run_id, "join", round=r)
-                case rm.RoundDone():
+                case rm.RoundDone(round=r, synced=synced):
                     self._start([], self._record, action, self.work)
+                    work = self.work
+                    if not synced and work is not None and work.round == r and work.scoring_base is not None:
+                        self._start([], self.scoring.score, r, work.scoring_base, work.aggregated, work.payloads)
 
     def _start(self, scopes: list[trio.CancelScope], function: Any, *args: Any) -> None:
         """Run `function(*args)` in the background under a new cancel scope added to `scopes`."""
@@ -359,6 +368,8 @@ class RunParticipation:
         state_hash = snapshot = None
         async with self._compute:
             try:
+                if self.scoring.enabled:  # θ before this step: what the round's contributions are scored on
+                    work.scoring_base, work.aggregated = self.participant.scoring_base(), authors
                 started = trio.current_time()
                 await self.compute(self.participant.aggregate, payloads)
                 work.aggregate_seconds = trio.current_time() - started

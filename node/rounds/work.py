@@ -82,6 +82,9 @@ class RoundWork:
     fetch_seconds: float | None = None
     aggregate_seconds: float | None = None
     trained_ahead: bool = False
+    # With contribution scoring on: θ before the round's outer step, and the set aggregated on it.
+    scoring_base: Any = None
+    aggregated: tuple[bytes, ...] = ()
     fetches: list[trio.CancelScope] = field(default_factory=list)
     tasks: list[trio.CancelScope] = field(default_factory=list)  # training, aggregation
     # Set to stop the inner steps at the next step: a cancelled thread cannot be interrupted, and

@@ -1,0 +1,93 @@
+"""Contribution scores: which members measure a round, and what their reports say.
+
+A run whose settings turn scoring on ("scoring": "report", training/run_settings.py) has, for each
+certified round r, a *scoring committee*: the first SCORING_COMMITTEE members of r's certifying
+electorate in an order drawn from r's certified hash (shared randomness: no single key chose
+it). Each of them that voted the certified hash (it computed the state, so it holds θ_{r-1} and
+the round's payloads; influence is earned) measures every accepted contribution of r applied
+alone to θ_{r-1} (training/scoring.py) and signs the scores in a `score` op. Why the electorate
+and not the voters: a certificate's voters grow as late votes arrive, so an order over them
+could change after a member scored; the electorate of the certifying attempt does not.
+
+Scores are floats from torch forward passes, not bit-exact across CPUs: nobody recomputes them,
+they are the measurers' signed word. What counts, a pure function of the facts:
+
+- reports of committee members that voted the certified hash and are not banned; any other
+  key's score op is kept in the DAG (it is a valid op of a member) and counts for nothing, as a
+  vote from outside the electorate does;
+- of a report, only the entries for r's accepted contributions;
+- per contribution, the median of the counted reports: with three measurers one liar cannot
+  move it beyond the honest ones' range.
+
+Two different reports by one member for one round are an equivocation (facts.py): a ban.
+Scores only inform (`run status`); they change no aggregate and no certificate.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+from locomesh.protocol.kinds import MAX_SCORE, SCORE_UNIT
+
+from .electorate import Certificate, drawn_order, is_banned
+from .facts import Facts
+from .view import RunState
+
+SCORING_COMMITTEE = 3  # measurers per round: a median of three outvotes one liar
+SCORE_HISTORY = 10  # certified rounds `run status` shows scores for
+
+
+def scoring_committee(certificate: Certificate) -> list[bytes]:
+    """The members that score round `certificate.round`, in drawn order (the same on every peer)."""
+    order = drawn_order(b"locomesh scorer", certificate.round, certificate.hash, 0, certificate.electorate)
+    return order[:SCORING_COMMITTEE]
+
+
+def to_units(score: float) -> int:
+    """A measured score as a `score` op carries it: fixed point, clipped to ±MAX_SCORE units
+    (a non-finite score, from a contribution whose loss overflowed, is the worst one)."""
+    if score != score or score == float("-inf"):  # NaN or -inf
+        return -MAX_SCORE
+    if score == float("inf"):
+        return MAX_SCORE
+    return max(-MAX_SCORE, min(MAX_SCORE, round(score * SCORE_UNIT)))
+
+
+def round_scores(facts: Facts, state: RunState, round_: int) -> dict[bytes, float]:
+    """Accepted contributor of certified round `round_` -> the median of the counted reports of
+    its score (module docstring); {} if the round is not certified or nobody counted reported."""
+    certificate = state.certificates.get(round_)
+    if certificate is None:
+        return {}
+    reports = facts.scores_in(round_)
+    measured: dict[bytes, list[int]] = {}
+    for scorer in scoring_committee(certificate):
+        said = reports.get(scorer)
+        if not said or len(said) != 1 or scorer not in certificate.voters or is_banned(facts, scorer):
+            continue
+        ((authors, values),) = said
+        for author, value in zip(authors, values):
+            if author in certificate.accepted:
+                measured.setdefault(author, []).append(value)
+    return {author: statistics.median(values) / SCORE_UNIT for author, values in measured.items()}
+
+
+def score_history(facts: Facts, state: RunState, last: int = SCORE_HISTORY) -> dict[bytes, list[tuple[int, float]]]:
+    """Member -> its (round, score) over the newest `last` certified rounds, oldest first."""
+    history: dict[bytes, list[tuple[int, float]]] = {}
+    for round_ in range(max(1, state.round - last + 1), state.round + 1):
+        for author, score in sorted(round_scores(facts, state, round_).items()):
+            history.setdefault(author, []).append((round_, score))
+    return history
+
+
+def scores_json(facts: Facts, state: RunState, last: int = SCORE_HISTORY) -> dict[str, dict]:
+    """`score_history` for RPC and the CLI: member (hex) -> {"rounds": [{round, score}], "mean"}."""
+    history = score_history(facts, state, last)
+    return {
+        author.hex(): {
+            "rounds": [{"round": round_, "score": score} for round_, score in rows],
+            "mean": sum(score for _round, score in rows) / len(rows),
+        }
+        for author, rows in sorted(history.items())
+    }
