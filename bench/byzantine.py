@@ -64,8 +64,10 @@ TASK = {"alphabet": 16, "order": 1, "context": 32, "n_layer": 1, "n_head": 2, "d
         "eval_sequences": 512}
 DEFAULT = "centered_clip"
 # What an aggregator label's "+<lever>" adds to the run: "pm" the momentum aggregated per peer
-# (training/outer.py), "score" contribution scores leaving out the low ones (training/scoring.py).
-LEVERS = {"pm": {"peer_momentum": True}, "score": {"scoring": ScoringConfig(policy="exclude")}}
+# (training/outer.py), "score" contribution scores leaving out the low ones, "wscore" shrinking each
+# contribution by its score over the median (training/scoring.py).
+LEVERS = {"pm": {"peer_momentum": True}, "score": {"scoring": ScoringConfig(policy="exclude")},
+          "wscore": {"scoring": ScoringConfig(policy="weight")}}
 ALIE_Z = [1, 2, 4, 8, 16, 32, 64]  # the omniscient attacker's choices of z besides the paper's z_max
 TARGET_PERCENT = {True: 1.0, False: 2.0}  # keyed by f/N <= 1/4
 CURVE_POINTS = 4  # rounds shown per curve in the summary (evenly spaced, the last included)

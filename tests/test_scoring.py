@@ -13,7 +13,7 @@ from locomesh.training.attacks import AttackView
 from locomesh.training.diloco import DiLoCoConfig, simulate_diloco
 from locomesh.training.flat import flatten
 from locomesh.training.inner import Worker
-from locomesh.training.scoring import ScoringConfig, bar, excluded, score_contributions
+from locomesh.training.scoring import ScoringConfig, bar, excluded, score_contributions, shrunk, weights
 from locomesh.training.tasks import get_task
 
 from .test_diloco import INNER, TINY_TASK
@@ -107,3 +107,25 @@ def test_evading_the_scores_goes_as_far_as_the_estimated_bar_allows():
                           np.mean(np.stack(nothing_passes.honest_deltas).astype(np.float64), axis=0).astype(np.float32))
     with pytest.raises(ValueError, match="scoring"):
         attacks.evading_scores()(_evading_view(None, mean_of))
+
+
+def test_weights_are_the_score_over_the_median_capped_at_one():
+    assert weights({"a": 0.4, "b": 0.2, "c": 0.1, "d": -0.3, "e": float("nan")}) == pytest.approx({
+        "a": 1.0, "b": 1.0, "c": 2 / 3, "d": 0.0, "e": 0.0})  # the median of the finite four is 0.15
+    assert weights({"a": -0.01, "b": -0.02}) == {"a": 1.0, "b": 1.0}  # nothing improved: nothing told apart
+    center = np.array([1.0, 1.0], np.float32)
+    assert np.array_equal(shrunk(np.array([3.0, -1.0], np.float32), center, 0.5), np.array([2.0, 0.0], np.float32))
+    assert np.array_equal(shrunk(np.array([3.0, -1.0], np.float32), None, 0.5), np.array([1.5, -0.5], np.float32))
+
+
+def test_in_a_run_the_weight_policy_shrinks_colluders_and_leaves_honest_peers_whole():
+    torch.set_num_threads(1)
+    task = get_task("synthetic-lm", TINY_TASK)
+    config = DiLoCoConfig(workers=5, rounds=2, inner_steps=8, inner=INNER, aggregator="mean",
+                          scoring=ScoringConfig(policy="weight"))
+    attacked = simulate_diloco(task, config, byzantine={4: attacks.sign_flip(100.0)})
+    plain = simulate_diloco(task, DiLoCoConfig(workers=5, rounds=2, inner_steps=8, inner=INNER, aggregator="mean"),
+                            byzantine={4: attacks.sign_flip(100.0)})
+    for record in attacked.history:
+        assert record.excluded == [] and record.scores["worker-4"] < 0  # weighed to zero, not left out
+    assert attacked.loss < plain.loss - 0.5  # the plain mean is wrecked by sign_flip_x100; weighed, it is not

@@ -324,7 +324,9 @@ def evading_scores(direction: str = "random", seed: int = 0) -> Attack:
     """The honest mean + a·τ·u along a held direction u, with a as large as the run's scoring lets
     through: every candidate fraction (`INSIDE_FRACTIONS`) whose estimated score clears the
     estimated bar (the honest estimates and f copies of it, `scoring.bar`) is tried through the
-    aggregator, and the one that pulls most along u is sent; the honest mean if none clears it."""
+    aggregator, and the one that pulls most along u is sent; the honest mean if none clears it.
+    Against the "weight" policy every candidate is tried with every contribution shrunk by its
+    estimated weight, the attacker's own included (`_evading_weights`)."""
     if direction not in DIRECTIONS:
         raise ValueError(f"direction is one of {DIRECTIONS}, got {direction!r}")
 
@@ -338,6 +340,8 @@ def evading_scores(direction: str = "random", seed: int = 0) -> Attack:
         candidates = [mean + a * tau * u for a in INSIDE_FRACTIONS]
         estimates = view.estimate_scores([*view.honest_deltas, *[c.astype(np.float32) for c in candidates]])
         honest = estimates[: len(view.honest_deltas)]
+        if view.scoring.policy == "weight":
+            return _evading_weights(view, candidates, honest, estimates[len(honest):], mean, u)
         passing = [a for a, score in zip(INSIDE_FRACTIONS, estimates[len(honest):])
                    if score >= bar(dict(enumerate(honest + [score] * view.byzantine)), view.scoring.keep_ratio)]
         if not passing:
@@ -346,6 +350,25 @@ def evading_scores(direction: str = "random", seed: int = 0) -> Attack:
                          harm=lambda result: float(np.dot(result - mean, u)))
 
     return attack
+
+
+def _evading_weights(view: AttackView, candidates: list[np.ndarray], honest: list[float], estimated: list[float],
+                     mean: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """Against the "weight" policy: the candidate whose round, every contribution shrunk by its
+    estimated weight (`scoring.weights`, `scoring.shrunk`), pulls most along u."""
+    from .scoring import shrunk, weights
+
+    center = None if view.previous is None else np.asarray(view.previous, dtype=np.float32)
+    best, best_pull = mean.astype(np.float32), -math.inf
+    for candidate, score in zip(candidates, estimated):
+        weight = weights(dict(enumerate(honest + [score] * view.byzantine)))
+        rows = [shrunk(np.asarray(d, np.float32), center, weight[i]) for i, d in enumerate(view.honest_deltas)]
+        sent = candidate.astype(np.float32)
+        rows += [shrunk(sent, center, weight[len(honest)])] * view.byzantine
+        pull = float(np.dot(np.asarray(view.aggregate(rows), dtype=np.float64) - mean, u))
+        if pull > best_pull:
+            best, best_pull = sent, pull
+    return best
 
 
 def _min_max_gamma(stack: np.ndarray, mean: np.ndarray, p: np.ndarray) -> float:

@@ -35,7 +35,7 @@ from .codec import CodecError, Encoder, decode, non_finite_payload, split_payloa
 from .flat import flatten, param_count, unflatten_into
 from .inner import InnerConfig, Worker, make_optimizer, optimizer_step
 from .outer import OuterConfig, OuterStep
-from .scoring import ScoringConfig, excluded, score_contributions
+from .scoring import ScoringConfig, excluded, score_contributions, shrunk, weights
 from .shards import DEFAULT_SHARD_VALUES, ShardLayout, sharded_step
 from .tasks import Task
 
@@ -156,11 +156,14 @@ def simulate_diloco(
         payloads.update(adversary.payloads(round_index, honest_deltas, list(payloads.values()), outer, estimate))
         scores = _score(task, scratch, theta, payloads, config, round_index) if config.scoring else {}
         left_out = excluded(scores, config.scoring) if config.scoring else set()
+        aggregated = payloads
+        if config.scoring is not None and config.scoring.policy == "weight":
+            aggregated = _weighed(payloads, scores, outer.previous, theta.size, config)
         if layout is None:
             bytes_sent += len(payloads[_author(honest[0])])
-            outcome = outer.step({a: p for a, p in payloads.items() if a not in left_out})
+            outcome = outer.step({a: p for a, p in aggregated.items() if a not in left_out})
         else:  # the attackers cut their payloads like everyone's
-            shards = _split_all(payloads, layout, config.codec)
+            shards = _split_all(aggregated, layout, config.codec)
             bytes_sent += sum(map(len, shards[_author(honest[0])]))
             outcome = sharded_step(outer, layout, {a: s for a, s in shards.items() if a not in left_out})
         theta = outcome.theta
@@ -231,6 +234,20 @@ def _score(task: Task, scratch: torch.nn.Module, theta: np.ndarray, payloads: Ma
             continue
     seed = _round_seed("scoring", config.run_seed, round_index)
     return score_contributions(task, scratch, theta, deltas, seed=seed, config=config.scoring)
+
+
+def _weighed(payloads: Mapping[str, bytes], scores: Mapping[str, float], center: np.ndarray | None, numel: int,
+             config: DiLoCoConfig) -> dict[str, bytes]:
+    """The "weight" policy as the simulator applies it: every scored payload whose weight is below
+    1 decoded, shrunk towards the centre (`scoring.shrunk`) and encoded again with the run's codec.
+    (A daemon would weigh inside its bit-exact outer step; this is for measuring the lever.)"""
+    encoder = Encoder(config.codec, error_feedback=False)
+    weighed = dict(payloads)
+    for author, weight in weights(scores).items():
+        if weight < 1.0:
+            delta = decode(payloads[author], numel, modes=(config.codec,))
+            weighed[author] = encoder.encode(shrunk(delta, center, weight))
+    return weighed
 
 
 def _score_estimator(task: Task, scratch: torch.nn.Module, theta: np.ndarray, config: DiLoCoConfig,

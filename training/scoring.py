@@ -8,7 +8,9 @@ one aimed against descent does less or raises the loss. This is Zeno's suspicion
 Koyejo & Gupta 2019) with the contribution's whole step in place of a first-order estimate.
 
 What scores weigh is the run's choice (`POLICIES`): "report" only records them; "exclude" leaves
-out of the aggregate every contribution scoring below `keep_ratio` of the median score. Why the
+out of the aggregate every contribution scoring below `keep_ratio` of the median score; "weight"
+shrinks each contribution's offset from the aggregator's centre by its score over the median
+(capped at 1: `weights`), so a contribution half as useful as the median pulls half as far. Why the
 median: with fewer than half the contributors Byzantine it is an honest score or lies between two,
 so colluders cannot lift the bar over honest peers or lower it under themselves.
 
@@ -31,7 +33,7 @@ import torch
 from .flat import unflatten_into
 from .tasks import Task
 
-POLICIES = ("report", "exclude")
+POLICIES = ("report", "exclude", "weight")
 SCORING_PEER = 1 << 16  # the data stream scoring batches come from: no worker has this index
 
 
@@ -97,6 +99,21 @@ def excluded(scores: Mapping[Hashable, float], config: ScoringConfig) -> set[Has
         threshold = bar(finite, config.keep_ratio)
         out |= {author for author, score in finite.items() if score < threshold}
     return out
+
+
+def weights(scores: Mapping[Hashable, float]) -> dict[Hashable, float]:
+    """"weight": each contribution's score over the median, in [0, 1]; all 1 when the median is not
+    above zero (the round improved nothing: the scores tell nothing apart), 0 for a non-finite one."""
+    finite = [score for score in scores.values() if math.isfinite(score)]
+    median = statistics.median(finite) if finite else 0.0
+    return {author: (0.0 if not math.isfinite(score) else 1.0 if median <= 0 else min(1.0, max(0.0, score / median)))
+            for author, score in scores.items()}
+
+
+def shrunk(delta: np.ndarray, center: np.ndarray | None, weight: float) -> np.ndarray:
+    """`delta` moved towards the aggregator's centre (zero before there is one) to `weight` of its offset."""
+    origin = np.zeros_like(delta) if center is None else center.astype(delta.dtype)
+    return (origin + np.float32(weight) * (delta - origin)).astype(np.float32)
 
 
 def _mean_loss(model: torch.nn.Module, theta: np.ndarray, batches) -> float:
