@@ -154,18 +154,13 @@ def simulate_diloco(
         scratch = workers[honest[0]].model  # any model to score or evaluate in: every round reloads θ
         estimate = _score_estimator(task, scratch, theta, config, round_index)
         payloads.update(adversary.payloads(round_index, honest_deltas, list(payloads.values()), outer, estimate))
-        scores = _score(task, scratch, theta, payloads, config, round_index) if config.scoring else {}
-        left_out = excluded(scores, config.scoring) if config.scoring else set()
-        aggregated = payloads
-        if config.scoring is not None and config.scoring.policy == "weight":
-            aggregated = _weighed(payloads, scores, outer.previous, theta.size, config)
+        scores, left_out, aggregated = _scored(task, scratch, theta, payloads, outer.previous, config, round_index)
         if layout is None:
             bytes_sent += len(payloads[_author(honest[0])])
-            outcome = outer.step({a: p for a, p in aggregated.items() if a not in left_out})
+            outcome = outer.step(aggregated)
         else:  # the attackers cut their payloads like everyone's
-            shards = _split_all(aggregated, layout, config.codec)
-            bytes_sent += sum(map(len, shards[_author(honest[0])]))
-            outcome = sharded_step(outer, layout, {a: s for a, s in shards.items() if a not in left_out})
+            bytes_sent += sum(map(len, _split_all({"sent": payloads[_author(honest[0])]}, layout, config.codec)["sent"]))
+            outcome = sharded_step(outer, layout, _split_all(aggregated, layout, config.codec))
         theta = outcome.theta
         evaluation = _evaluate(task, workers[honest[0]].model, theta)
         record = RoundRecord(
@@ -220,6 +215,20 @@ class _Adversary:
             sent[_author(index)] = made if isinstance(made, bytes) else self.encoder.encode(made)
         self.past_payloads.append(honest_payloads)
         return sent
+
+
+def _scored(task: Task, scratch: torch.nn.Module, theta: np.ndarray, payloads: Mapping[str, bytes],
+            center: np.ndarray | None, config: DiLoCoConfig,
+            round_index: int) -> tuple[dict[str, float], set[str], Mapping[str, bytes]]:
+    """With scoring: the round's scores, who the policy leaves out, and the payloads to aggregate
+    (the others, shrunk by their weights under "weight"); without: nothing scored, all payloads."""
+    if config.scoring is None:
+        return {}, set(), payloads
+    scores = _score(task, scratch, theta, payloads, config, round_index)
+    left_out = excluded(scores, config.scoring)
+    if config.scoring.policy == "weight":
+        payloads = _weighed(payloads, scores, center, theta.size, config)
+    return scores, left_out, {author: payload for author, payload in payloads.items() if author not in left_out}
 
 
 def _score(task: Task, scratch: torch.nn.Module, theta: np.ndarray, payloads: Mapping[str, bytes],
