@@ -220,21 +220,12 @@ class _Adversary:
 def _scored(task: Task, scratch: torch.nn.Module, theta: np.ndarray, payloads: Mapping[str, bytes],
             center: np.ndarray | None, config: DiLoCoConfig,
             round_index: int) -> tuple[dict[str, float], set[str], Mapping[str, bytes]]:
-    """With scoring: the round's scores, who the policy leaves out, and the payloads to aggregate
-    (the others, shrunk by their weights under "weight"); without: nothing scored, all payloads."""
+    """With scoring: the round's scores (`scoring.py`, on batches from the round's seed; a payload
+    that does not decode is not scored: the outer step rejects it), who the policy leaves out, and
+    the payloads to aggregate (the others, shrunk by their weights under "weight"); without:
+    nothing scored, all payloads."""
     if config.scoring is None:
         return {}, set(), payloads
-    scores = _score(task, scratch, theta, payloads, config, round_index)
-    left_out = excluded(scores, config.scoring)
-    if config.scoring.policy == "weight":
-        payloads = _weighed(payloads, scores, center, theta.size, config)
-    return scores, left_out, {author: payload for author, payload in payloads.items() if author not in left_out}
-
-
-def _score(task: Task, scratch: torch.nn.Module, theta: np.ndarray, payloads: Mapping[str, bytes],
-           config: DiLoCoConfig, round_index: int) -> dict[str, float]:
-    """The round's contribution scores (`scoring.py`) on batches from the round's seed; a payload
-    that does not decode is not scored (the outer step rejects it)."""
     deltas = {}
     for author, payload in payloads.items():
         try:
@@ -242,20 +233,23 @@ def _score(task: Task, scratch: torch.nn.Module, theta: np.ndarray, payloads: Ma
         except CodecError:
             continue
     seed = _round_seed("scoring", config.run_seed, round_index)
-    return score_contributions(task, scratch, theta, deltas, seed=seed, config=config.scoring)
+    scores = score_contributions(task, scratch, theta, deltas, seed=seed, config=config.scoring)
+    left_out = excluded(scores, config.scoring)
+    if config.scoring.policy == "weight":
+        payloads = _weighed(payloads, deltas, scores, center, config)
+    return scores, left_out, {author: payload for author, payload in payloads.items() if author not in left_out}
 
 
-def _weighed(payloads: Mapping[str, bytes], scores: Mapping[str, float], center: np.ndarray | None, numel: int,
-             config: DiLoCoConfig) -> dict[str, bytes]:
-    """The "weight" policy as the simulator applies it: every scored payload whose weight is below
-    1 decoded, shrunk towards the centre (`scoring.shrunk`) and encoded again with the run's codec.
-    (A daemon would weigh inside its bit-exact outer step; this is for measuring the lever.)"""
+def _weighed(payloads: Mapping[str, bytes], deltas: Mapping[str, np.ndarray], scores: Mapping[str, float],
+             center: np.ndarray | None, config: DiLoCoConfig) -> dict[str, bytes]:
+    """The "weight" policy as the simulator applies it: every scored Δ whose weight is below 1
+    shrunk towards the centre (`scoring.shrunk`) and encoded again with the run's codec. (A daemon
+    would weigh inside its bit-exact outer step; this is for measuring the lever.)"""
     encoder = Encoder(config.codec, error_feedback=False)
     weighed = dict(payloads)
     for author, weight in weights(scores).items():
         if weight < 1.0:
-            delta = decode(payloads[author], numel, modes=(config.codec,))
-            weighed[author] = encoder.encode(shrunk(delta, center, weight))
+            weighed[author] = encoder.encode(shrunk(deltas[author], center, weight))
     return weighed
 
 
