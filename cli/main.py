@@ -26,9 +26,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _subcommand_modules() -> list:
     # Subcommand modules are added here as they are written.
-    from . import node_cmd, run_audit, run_cmd, run_state, sim, status_cmd, swarm_cmd
+    from . import data_cmd, node_cmd, run_audit, run_cmd, run_state, sim, status_cmd, swarm_cmd
 
-    return [node_cmd, status_cmd, swarm_cmd, run_cmd, run_state, run_audit, sim]
+    return [node_cmd, status_cmd, swarm_cmd, run_cmd, run_state, run_audit, data_cmd, sim]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,6 +8,7 @@
         rpc.cookie     the RPC secret for this start (0600), 64 hex characters
         runs/          the runs it knows (`locomesh.node.runs.store`)
         crdt/          each run's op log: every op it applied there (`locomesh.node.replication.op_log`)
+        checkpoints/   the checkpoint store: states, payloads, datasets (`locomesh.node.transfer.store`)
 
 The identity key is PKCS#8 PEM, written atomically and readable by the owner alone
 (`load_or_create_identity`; a looser mode found on it is tightened). `rpc.json` and
@@ -39,6 +40,7 @@ IDENTITY_FILE = "identity.key"
 LOCK_FILE = "daemon.lock"
 RPC_INFO_FILE = "rpc.json"
 COOKIE_FILE = "rpc.cookie"
+CHECKPOINT_DIR = "checkpoints"
 COOKIE_BYTES = 32
 _MAX_INFO_FILE = 64 * 1024
 _LOCK_ATTEMPTS = 10

@@ -28,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import os
+from collections.abc import Collection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -152,6 +153,16 @@ def missing_chunks(directory: str | os.PathLike, manifest: Manifest) -> list[int
     return missing
 
 
+def has_checkpoint(directory: str | os.PathLike, checkpoint_id: bytes) -> bool:
+    """Whether checkpoint `checkpoint_id` is stored whole under `directory` (its manifest and a file
+    of the right size for every chunk; the bytes are verified when it is loaded)."""
+    try:
+        manifest = read_stored_manifest(directory, checkpoint_id)
+    except CheckpointError:
+        return False
+    return not missing_chunks(directory, manifest)
+
+
 # --- removing -----------------------------------------------------------------------------------
 
 
@@ -163,6 +174,15 @@ def remove_checkpoints(directory: str | os.PathLike, doomed: Callable[[dict[str,
     manifest that cannot be read is left alone (and its chunks kept): deleting what we cannot
     understand could lose a user's only copy.
     """
+    return _remove(directory, lambda _checkpoint_id, metadata: doomed(metadata))
+
+
+def remove_checkpoint_ids(directory: str | os.PathLike, doomed: Collection[bytes]) -> int:
+    """Delete the checkpoints `doomed` (IDs) as `remove_checkpoints` does; how many went."""
+    return _remove(directory, lambda checkpoint_id, _metadata: checkpoint_id in doomed)
+
+
+def _remove(directory: str | os.PathLike, doomed: Callable[[bytes, dict[str, Any]], bool]) -> int:
     kept_chunks: set[bytes] = set()
     doomed_chunks: set[bytes] = set()
     removed = 0
@@ -172,7 +192,7 @@ def remove_checkpoints(directory: str | os.PathLike, doomed: Callable[[dict[str,
         except CheckpointError:
             continue
         hashes = {ref.hash for ref in manifest.chunks}
-        if not doomed(manifest.full_metadata):
+        if not doomed(checkpoint_id, manifest.full_metadata):
             kept_chunks |= hashes
             continue
         manifest_path(directory, checkpoint_id).unlink(missing_ok=True)
