@@ -46,6 +46,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
              "costs about (contributors x payload size) of disk per round, never freed (int8: ~1 byte per "
              "parameter per contributor)",
     )
+    start.add_argument(
+        "--device", metavar="SPEC",
+        help="where inner steps run: auto (default: a GPU if there is one), cpu, cuda, cuda:N or mps",
+    )
+    start.add_argument(
+        "--local-workers", type=int, metavar="N",
+        help="processes training data-parallel on this node (default 0: one per GPU for auto and cuda; "
+             "with cpu, N CPU processes)",
+    )
     start.set_defaults(handler=start_daemon)
 
     stop = commands.add_parser("stop", help="ask the running daemon to shut down")
@@ -66,6 +75,8 @@ def start_daemon(args: argparse.Namespace) -> int:
         "attack": args.attack,
         "port_mapping": "off" if args.no_upnp else None,
         "archive": "on" if args.archive else None,
+        "device": args.device,
+        "local_workers": args.local_workers,
     }
     try:
         config = load_config(data_dir=args.data_dir, config_file=args.config, flags=flags)

@@ -1,7 +1,8 @@
-"""`locomesh run create|list|info|join|leave|status`: make, find, join and follow training runs.
+"""`locomesh run create|list|info|join|leave|status|export`: make, find, join, follow training runs
+and take their models out.
 
 All talk to the running daemon (``run.create``, ``run.list``, ``run.info``: see
-`locomesh.node.runs.registry`; ``run.join``, ``run.leave``, ``run.status``: see
+`locomesh.node.runs.registry`; ``run.join``, ``run.leave``, ``run.status``, ``run.export``: see
 `locomesh.node.rounds.service`). Exit status: 0 with
 the answer, 1 when the daemon answers with an error (a run not found, a bad
 setting: `run create` checks every setting and the task as a joiner would,
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from typing import Any
 
@@ -38,6 +40,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="a hyperparameter (inner_steps, outer_lr, codec, aggregator, round_deadline_s, ...) or a task setting (repeat)",
     )
     create.add_argument("--seed", type=int, help="the model's init seed (default: random)")
+    create.add_argument(
+        "--init", metavar="PATH",
+        help="start from these weights (llama task): a transformers checkpoint directory or a .safetensors file",
+    )
     create.add_argument("--public", action="store_true", help="publish the run in the DHT so anyone can find it by ID")
     create.set_defaults(handler=create_run)
 
@@ -52,11 +58,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     join = commands.add_parser("join", help="train in a run: find it, sync its state, take part from the next round")
     leave = commands.add_parser("leave", help="stop training in a run after the round under way")
     status = commands.add_parser("status", help="this node's part in a run: phase, rounds, losses")
-    for sub, handler in ((join, join_run), (leave, leave_run), (status, run_status)):
+    export = commands.add_parser("export", help="write a run's certified model as a directory transformers loads")
+    for sub, handler in ((join, join_run), (leave, leave_run), (status, run_status), (export, export_run)):
         sub.add_argument("run_id", metavar="RUN_ID", help="the run's full ID")
         sub.set_defaults(handler=handler)
+    export.add_argument("directory", metavar="DIR", help="where the files go (created if need be)")
 
-    for sub in (create, listing, info, join, leave, status):
+    for sub in (create, listing, info, join, leave, status, export):
         add_data_dir_argument(sub)
         sub.add_argument("--json", action="store_true", help="print JSON")
 
@@ -106,6 +114,8 @@ def create_run(args: argparse.Namespace) -> int:
     except ValueError as error:
         return fail(str(error), EXIT_USAGE)
     params = {"task": args.task, "settings": settings, "public": args.public, "name": args.name, "seed": args.seed}
+    if args.init is not None:
+        params["init"] = os.path.abspath(args.init)  # the daemon reads it: its working directory is not ours
     result = _call(args, "run.create", params)
     if args.json:
         print(json.dumps(result, indent=2, sort_keys=True))
@@ -139,6 +149,14 @@ def run_status(args: argparse.Namespace) -> int:
     return _show(args, "run.status", {"run_id": args.run_id}, format_status)
 
 
+@_exits
+def export_run(args: argparse.Namespace) -> int:
+    params = {"run_id": args.run_id, "directory": os.path.abspath(args.directory)}
+    return _show(args, "run.export", params,
+                 lambda result: f"round {result['round']}'s model written to {result['directory']}: "
+                                f"{', '.join(result['files'])}")
+
+
 def _show(args: argparse.Namespace, method: str, params: dict[str, Any], formatter: Any) -> int:
     """Call `method` and print its result as JSON (`--json`) or through `formatter`."""
     result = _call(args, method, params)
@@ -154,6 +172,12 @@ def format_status(status: dict[str, Any]) -> str:
     ]
     if status.get("error"):
         lines.append(f"  stopped: {status['error']}")
+    if status.get("device"):
+        lines.append(f"  training on: {status['device']}")
+    data = status.get("data")
+    if data:
+        lines.append(f"  dataset {data['dataset'][:16]}: {data['shards_per_member']} of its {data['train_shards']} "
+                     "train shards a round")
     for record in status["history"]:
         how = "synced" if record["synced"] else f"{record['contributors']} payloads"
         loss = "-" if record["eval_loss"] is None else f"{record['eval_loss']:.4f}"

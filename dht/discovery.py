@@ -156,6 +156,10 @@ class Discovery:
         with trio.move_on_after(OPERATION_TIMEOUT):
             await self.dht.provide_key(raw)
 
+    def stop_providing(self, key: str) -> None:
+        """Stop announcing `key` (the provider records out there expire with their TTL)."""
+        self._provided.discard(records.provider_key(key))
+
     async def find_providers(self, key: str, *, limit: int = 20) -> list[PeerInfo]:
         """Peers that announced `key`, one entry each (ourselves included if we do)."""
         with trio.move_on_after(OPERATION_TIMEOUT):

@@ -22,7 +22,7 @@ participant (`byzantine=True`) sends bytes of the right length that start with a
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +30,8 @@ import numpy as np
 import trio
 
 from locomesh.training.checkpoint_manifest import ManifestLimits, TensorSpec
+from locomesh.training.contract import DataNeeds
+from locomesh.training.run_settings import ParticipantError
 from locomesh.training.participant import Contribution, StateSnapshot, payload_limits
 from locomesh.training.state_chunks import checkpoint_limits, state_digest
 
@@ -63,6 +65,8 @@ class SimParticipant:
     """θ as opaque state bytes; training and aggregation cost modelled time. Not thread-safe.
     A `RoundParticipant` (`locomesh.training.contract`)."""
 
+    device = "simulated"  # what the node's status shows as where it trains
+
     def __init__(self, genesis_body: dict[str, Any], key: bytes, cost: SimCost, *, byzantine: bool = False) -> None:
         hparams = genesis_body["hparams"]
         self.key = key
@@ -76,13 +80,16 @@ class SimParticipant:
         self.pending_seconds = 0.0  # modelled cost of the last call, taken by `SimCompute`
         self.trainings = 0  # with delayed updates two trainings start from one state: each its own payload
 
+    def close(self) -> None:
+        """Nothing to release: no processes, no devices."""
+
     def take_pending_seconds(self) -> float:
         seconds, self.pending_seconds = self.pending_seconds, 0.0
         return seconds
 
     # --- one round ------------------------------------------------------------------------------
 
-    def train(self, stop: Callable[[], bool] | None = None, start: None = None) -> Contribution:
+    def train(self, stop: Callable[[], bool] | None = None, start: None = None, data: None = None) -> Contribution:
         """A deterministic payload for (our key, round, trainings so far); costs inner_steps x
         step_seconds (all of it: `stop` is not asked, the modelled steps are taken as one)."""
         seconds = self.settings.inner_steps * self.cost.step_seconds
@@ -93,6 +100,17 @@ class SimParticipant:
         payload = bytearray(_expand(seed, self.cost.payload_bytes))
         payload[0] = JUNK_MARK if self.byzantine else PAYLOAD_MARK
         return Contribution(bytes(payload), self.settings.inner_steps, float("nan"), seconds)
+
+    def data_needs(self) -> DataNeeds:
+        """A modelled task reads no dataset and starts from no stored weights."""
+        return DataNeeds()
+
+    def attach_data(self, index: None, held_out: Sequence[Any], init: None) -> None:
+        """Nothing to attach (`data_needs` names nothing)."""
+
+    def export_files(self, tokenizer_json: bytes | None = None) -> dict[str, bytes]:
+        """A modelled state is opaque bytes: there is no model to export."""
+        raise ParticipantError("a simulated participant has no model to export")
 
     def delayed_start(self, trained: Contribution) -> None:
         """There are no parameters to start from: `train` ignores its `start`."""

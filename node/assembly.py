@@ -22,6 +22,7 @@ import trio
 from locomesh.training.contract import ParticipantFactory
 
 from locomesh.node.config import NodeConfig
+from locomesh.node.datadir import CHECKPOINT_DIR
 from locomesh.node.nat.services import nat_services
 from locomesh.node.ping import PingService
 from locomesh.node.replication.service import CrdtService
@@ -67,12 +68,13 @@ def node_services(config: NodeConfig, pieces: Pieces = Pieces()) -> NodeServices
     registry = RunRegistryService(config.data_dir)
     crdt = CrdtService(config.data_dir)
     checkpoints = pieces.checkpoint_service(
-        config.data_dir / "checkpoints", dataplane=pieces.dataplane, offload=pieces.offload,
+        config.data_dir / CHECKPOINT_DIR, dataplane=pieces.dataplane, offload=pieces.offload,
         discovery=lambda: registry.discovery,
     )
     rounds = None
     if pieces.rounds:
         rounds = RoundService(registry, crdt, checkpoints, attack=config.attack, archive=config.archive == "on",
+                              device=config.device, local_workers=config.local_workers,
                               participant_factory=pieces.participant_factory, compute=pieces.compute,
                               offload=pieces.offload)
     network: tuple[Service, ...] = ()

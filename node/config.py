@@ -20,6 +20,8 @@ relay              LOCOMESH_RELAY          (file / environment only)     "auto"
 nat_traversal      LOCOMESH_NAT_TRAVERSAL  (file / environment only)     "on"
 port_mapping       LOCOMESH_PORT_MAPPING   --no-upnp (sets "off")        "on"
 archive            LOCOMESH_ARCHIVE        --archive (sets "on")         "off"
+device             LOCOMESH_DEVICE         --device SPEC                 "auto"
+local_workers      LOCOMESH_LOCAL_WORKERS  --local-workers N             0 (one per GPU)
 =================  ======================  ============================  ==========================
 
 ``attack`` turns the node into a test adversary: it trains like everyone else, then commits the
@@ -37,6 +39,16 @@ from reserving relay slots when private and from hole punching (`locomesh.node.n
 round, about the sum of the round's payloads, i.e. contributors x payload size (int8: about one
 byte per parameter each, 4-bit half that, fp32 four), never removed. Off, only the last few
 rounds' own payloads and states are kept.
+
+``device`` is where the inner steps of the runs this node joins run: ``auto`` (the first CUDA GPU,
+else Apple's MPS, else the CPU), ``cpu``, ``cuda`` (cuda:0), ``cuda:N`` or ``mps``
+(`locomesh.training.devices`). Inner steps run in bf16 on a GPU that has it; the outer step stays on
+the CPU, bit-exact, so peers on any hardware agree on every bit. ``local_workers`` is how many
+processes train data-parallel on this node (`locomesh.training.distributed`): 0, the default, is
+one per GPU for ``auto`` and ``cuda`` on a machine with several GPUs, else one; N asks for the
+first N GPUs, or for ``cpu`` N CPU processes (tests, machines with several CPU sockets). Here only
+the syntax is checked: whether the devices are there is known when a run is joined, and a join
+that asks for what the machine lacks fails saying so.
 
 A list given at a higher level replaces the lower one (it is not merged).
 Every bad value raises `ConfigError` with a one-line message naming where the
@@ -60,6 +72,7 @@ LOG_FORMATS = ("text", "json")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 RELAY_MODES = ("auto", "on", "off")  # = locomesh.node.nat.relay_service.RELAY_MODES (no libp2p import here)
 ON_OFF = ("on", "off")
+MAX_LOCAL_WORKERS = 1024  # processes of one node's data-parallel group: a sanity bound, not a tuning
 CONFIG_FILE_NAME = "config.toml"
 _MAX_CONFIG_FILE = 1024 * 1024
 
@@ -81,6 +94,8 @@ class NodeConfig:
     nat_traversal: str = "on"
     port_mapping: str = "on"
     archive: str = "off"
+    device: str = "auto"
+    local_workers: int = 0
     config_file: Path | None = field(default=None, compare=False)
 
     def validate(self) -> NodeConfig:
@@ -110,12 +125,25 @@ class NodeConfig:
             raise ConfigError(f"port_mapping: {self.port_mapping!r} is not one of {', '.join(ON_OFF)}")
         if self.archive not in ON_OFF:
             raise ConfigError(f"archive: {self.archive!r} is not one of {', '.join(ON_OFF)}")
+        self._check_devices()
         return self
+
+    def _check_devices(self) -> None:
+        from locomesh.training.devices import DeviceError, check_spec  # no torch: syntax only
+
+        try:
+            check_spec(self.device)
+        except DeviceError as error:
+            raise ConfigError(f"device: {error}") from None
+        workers = self.local_workers
+        if isinstance(workers, bool) or not isinstance(workers, int) or not 0 <= workers <= MAX_LOCAL_WORKERS:
+            raise ConfigError(f"local_workers: {workers!r} is not a count of processes (0-{MAX_LOCAL_WORKERS}; "
+                              "0: one per GPU)")
 
 
 _SETTABLE = (
     "listen", "bootstrap", "rpc_port", "log_format", "log_level", "attack", "relay", "nat_traversal", "port_mapping",
-    "archive",
+    "archive", "device", "local_workers",
 )
 
 
@@ -194,6 +222,8 @@ def _from_env(environ: Mapping[str, str]) -> dict[str, Any]:
             values[key] = tuple(part.strip() for part in text.split(",") if part.strip())
         elif key == "rpc_port":
             values[key] = _parse_port(text, name)
+        elif key == "local_workers":
+            values[key] = _parse_count(text, name)
         else:
             values[key] = text.strip().lower()
     return values
@@ -205,7 +235,7 @@ def _typed(key: str, value: Any, where: str) -> Any:
         if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
             raise ConfigError(f"{where}: expected a list of multiaddr strings")
         return tuple(value)
-    if key == "rpc_port":
+    if key in ("rpc_port", "local_workers"):
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(f"{where}: expected an integer")
         return value
@@ -219,6 +249,13 @@ def _parse_port(text: str, where: str) -> int:
         return int(text.strip(), 10)
     except ValueError:
         raise ConfigError(f"{where}: {text[:40]!r} is not a port number") from None
+
+
+def _parse_count(text: str, where: str) -> int:
+    try:
+        return int(text.strip(), 10)
+    except ValueError:
+        raise ConfigError(f"{where}: {text[:40]!r} is not a whole number") from None
 
 
 def _check_multiaddr(text: str, where: str, *, need_peer: bool) -> None:

@@ -71,6 +71,11 @@ def test_data_dir_and_config_file_from_the_environment(tmp_path):
         ('log_format = "xml"\n', "log_format"),
         ('lsiten = ["/ip4/1.2.3.4/tcp/1"]\n', "unknown key 'lsiten'"),
         ("rpc_port = = 3\n", "not valid TOML"),
+        ('device = "gpu"\n', "device: 'gpu' is not a device"),
+        ('device = "cuda:x"\n', "device"),
+        ("device = 0\n", "expected a string"),
+        ("local_workers = -1\n", "local_workers"),
+        ('local_workers = "2"\n', "expected an integer"),
     ],
 )
 def test_bad_file_values_are_config_errors(tmp_path, text, message):
@@ -86,6 +91,8 @@ def test_bad_file_values_are_config_errors(tmp_path, text, message):
         ({"LOCOMESH_RPC_PORT": "eighty"}, "LOCOMESH_RPC_PORT"),
         ({"LOCOMESH_LOG_LEVEL": "loud"}, "log_level"),
         ({"LOCOMESH_CONFIG": "/does/not/exist.toml"}, "does not exist"),
+        ({"LOCOMESH_DEVICE": "tpu"}, "device"),
+        ({"LOCOMESH_LOCAL_WORKERS": "two"}, "LOCOMESH_LOCAL_WORKERS"),
     ],
 )
 def test_bad_environment_values_are_config_errors(tmp_path, environ, message):
@@ -96,3 +103,34 @@ def test_bad_environment_values_are_config_errors(tmp_path, environ, message):
 def test_bad_flag_values_are_config_errors(tmp_path):
     with pytest.raises(ConfigError, match="rpc_port"):
         load_config(data_dir=tmp_path, environ={}, flags={"rpc_port": -1})
+
+
+def test_device_and_local_workers_at_every_level(tmp_path):
+    from locomesh.cli.main import build_parser
+
+    default = load_config(data_dir=tmp_path, environ={})
+    assert (default.device, default.local_workers) == ("auto", 0)
+    write_config(tmp_path, 'device = "cuda:1"\nlocal_workers = 1\n')
+    from_file = load_config(data_dir=tmp_path, environ={})
+    assert (from_file.device, from_file.local_workers) == ("cuda:1", 1)
+    environ = {"LOCOMESH_DEVICE": "CUDA", "LOCOMESH_LOCAL_WORKERS": "2"}
+    from_env = load_config(data_dir=tmp_path, environ=environ)
+    assert (from_env.device, from_env.local_workers) == ("cuda", 2)
+    args = build_parser().parse_args(["node", "start", "--device", "cpu", "--local-workers", "4"])
+    from_flags = load_config(data_dir=tmp_path, environ=environ, flags={"device": args.device,
+                                                                        "local_workers": args.local_workers})
+    assert (from_flags.device, from_flags.local_workers) == ("cpu", 4)
+    with pytest.raises(ConfigError, match="local_workers"):
+        load_config(data_dir=tmp_path, environ={}, flags={"local_workers": True})
+
+
+def test_the_device_is_checked_without_torch(tmp_path):
+    """The daemon loads torch on its first join only: the config checks a device's syntax alone
+    (whether the machine has it is for the join to say)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from locomesh.node.config import load_config; "
+            f"config = load_config(data_dir={str(tmp_path)!r}, environ={{}}, flags={{'device': 'cuda:7'}}); "
+            "assert config.device == 'cuda:7'; assert 'torch' not in sys.modules, 'torch was imported'")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

@@ -1,6 +1,6 @@
-"""The `RoundParticipant` contract (training/contract.py): exactly what node/rounds/ (and the state
-store it loads states through, node/transfer/store.py) uses of a participant, and both the real and
-the simulated participant implement it."""
+"""The `RoundParticipant` contract (training/contract.py): exactly what node/rounds/ (with the state
+store it loads states through, node/transfer/store.py, and the run's data, node/datasets/) uses of
+a participant, and both the real and the simulated participant implement it."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
+import locomesh.node.datasets
 import locomesh.node.rounds
 import locomesh.node.transfer.store
 import locomesh.training.contract as contract
@@ -42,7 +43,8 @@ def _is_participant(expression: ast.expr) -> bool:
 def _used_by_the_rounds() -> dict[str, set[str]]:
     """What node/rounds/*.py and the state store read of a participant, and of its `settings` and `outer`."""
     used: dict[str, set[str]] = {"participant": set(), "settings": set(), "outer": set()}
-    paths = [*Path(locomesh.node.rounds.__file__).parent.glob("*.py"), Path(locomesh.node.transfer.store.__file__)]
+    paths = [*Path(locomesh.node.rounds.__file__).parent.glob("*.py"), Path(locomesh.node.transfer.store.__file__),
+             *Path(locomesh.node.datasets.__file__).parent.glob("*.py")]
     for path in paths:
         for node in ast.walk(ast.parse(path.read_text())):
             if not isinstance(node, ast.Attribute):

@@ -19,7 +19,8 @@ start (the daemon loads torch on its first join only).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from .checkpoint_manifest import ManifestLimits
@@ -28,6 +29,19 @@ if TYPE_CHECKING:
     from .participant import Contribution, StateSnapshot
 
 PAYLOAD_TENSOR = "payload"  # a payload travels as a checkpoint of one uint8 tensor of its bytes, by this name
+
+
+@dataclass(frozen=True)
+class DataNeeds:
+    """What a run's task needs from peers before it trains (node/datasets/ gets it): the dataset it
+    trains on and the checkpoint of the weights round 0 starts from, by ID, with what that
+    checkpoint may be (`init_limits`), and how many tokens a member reads a round (so how many
+    of the dataset's shards a round assigns it). None and 0 where the task needs nothing."""
+
+    dataset: bytes | None = None
+    init: bytes | None = None
+    init_limits: ManifestLimits | None = None
+    tokens_per_round: int = 0
 
 
 @runtime_checkable
@@ -68,9 +82,32 @@ class RoundParticipant(Protocol):
     @property
     def outer(self) -> OuterShape: ...
 
-    def train(self, stop: Callable[[], bool] | None = None, start: Any = None) -> Contribution:
+    @property
+    def device(self) -> str:
+        """Where this peer's inner steps run, as its status shows it: "cpu", "cuda:0", or several
+        devices of a data-parallel group."""
+        ...
+
+    def train(self, stop: Callable[[], bool] | None = None, start: Any = None, data: Any = None) -> Contribution:
         """This round's contribution, from θ_r or from `start` (what `delayed_start` returned);
-        `stop()` is asked between steps and may end training early."""
+        `stop()` is asked between steps and may end training early. `data`: the tokens of the
+        dataset shards the round assigned this peer, when the run has a dataset (`data_needs`)."""
+        ...
+
+    def data_needs(self) -> DataNeeds:
+        """What the run's task needs from peers before it trains."""
+        ...
+
+    def attach_data(self, index: Any, held_out: Sequence[Any], init: Mapping[str, Any] | None) -> None:
+        """Take what `data_needs` named, verified by the node: the dataset's index and its held-out
+        shards' tokens (None and empty without a dataset), the initial weights' tensors (or None).
+        Raises `ParticipantError` for what the run's model cannot use (a tokenizer larger than its
+        vocabulary); called once, before the first round."""
+        ...
+
+    def export_files(self, tokenizer_json: bytes | None = None) -> dict[str, bytes]:
+        """The current state's model as the files of a checkpoint directory other tools load (file
+        name -> bytes); `ParticipantError` for a task with no such format."""
         ...
 
     def delayed_start(self, trained: Contribution) -> Any:
@@ -121,8 +158,14 @@ class RoundParticipant(Protocol):
         """What the checkpoint of a state of run `run` (of `round_number`, if given) may be."""
         ...
 
+    def close(self) -> None:
+        """Release what training holds outside this object (a data-parallel group's processes) once
+        the participation is over, for any reason; idempotent. No member is called after it."""
+        ...
+
 
 # How a node makes its participant: (the run's manifest body, our public key, the test attack to
-# play or None) -> participant. The daemon's is `Participant.for_run`; the simulator's makes a
+# play or None) -> participant. The daemon's is `Participant.for_run` on the node's devices (its
+# `device` and `local_workers`, bound by `node.rounds.service.RoundService`); the simulator's makes a
 # `SimParticipant`.
 ParticipantFactory = Callable[[Mapping[str, Any], bytes, str | None], RoundParticipant]

@@ -34,16 +34,18 @@ import copy
 import hashlib
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
 from .attacks import AttackView, get_attack
 from .checkpoint_manifest import Manifest, ManifestLimits, TensorSpec
-from .contract import PAYLOAD_TENSOR
+from .contract import PAYLOAD_TENSOR, DataNeeds
 from .codec import Encoder, decode, max_payload_size, non_finite_payload
 from .flat import flatten, unflatten_into
-from .inner import InnerConfig, Worker
+from .devices import describe
+from .distributed import inner_worker
+from .inner import InnerConfig
 from .memory import release_free_memory
 from .outer import OuterResult, OuterStep
 from .run_settings import ParticipantError, RoundSettings, TrainingDiverged, check_run_settings
@@ -52,6 +54,7 @@ from .state_format import layout_raw_size
 from .tasks import Task
 
 STATE_TENSORS = ("theta", "momentum", "previous")
+INIT_KIND = "init"  # the metadata `kind` of the checkpoint of a run's initial weights
 
 
 @dataclass(frozen=True)
@@ -115,13 +118,19 @@ class Participant:
         run_seed: int,
         key: bytes,
         attack: str | None = None,
+        device: str = "cpu",
+        local_workers: int = 1,
     ) -> None:
+        """`device`, `local_workers`: where the inner steps run (`devices.local_devices`: one device,
+        or a data-parallel group of several); `DeviceError` if this machine lacks them."""
         self.task = task
         self.settings = settings
-        self.worker = Worker(
+        self.worker = inner_worker(
             task, model_seed, run_seed, peer_index(key),
             InnerConfig(lr=settings.inner_lr, batch_size=settings.batch_size),
+            device=device, local_workers=local_workers,
         )
+        self.device = describe(self.worker.devices)  # for the node's status
         self._eval_model: Any = None  # made on the first evaluation (`evaluate`)
         self._score_model: Any = None  # made on the first `score`: it runs beside `train` and `evaluate`
         self.key = key
@@ -134,25 +143,43 @@ class Participant:
         self.others_last_round: list[np.ndarray] = []
 
     @classmethod
-    def for_run(cls, genesis_body: Mapping[str, Any], key: bytes, attack: str | None = None) -> Participant:
-        """A participant for the run whose manifest body is `genesis_body`, at round 0; `RunSettingsError`
-        (a `ParticipantError`) if its settings or task do not pass `check_run_settings`."""
+    def for_run(
+        cls, genesis_body: Mapping[str, Any], key: bytes, attack: str | None = None, *,
+        device: str = "cpu", local_workers: int = 1,
+    ) -> Participant:
+        """A participant for the run whose manifest body is `genesis_body`, at round 0, training on
+        `device` with `local_workers` (see `__init__`); `RunSettingsError` (a `ParticipantError`) if
+        its settings or task do not pass `check_run_settings`, `DeviceError` if this machine lacks
+        the devices, `DataParallelError` if a data-parallel group does not start."""
         settings, task = check_run_settings(genesis_body["task"], genesis_body["task_config"], genesis_body["hparams"])
         seed = genesis_body["seed"]
-        return cls(task, settings, model_seed=seed, run_seed=seed, key=key, attack=attack)
+        return cls(task, settings, model_seed=seed, run_seed=seed, key=key, attack=attack,
+                   device=device, local_workers=local_workers)
+
+    def close(self) -> None:
+        """Stop the processes of a data-parallel worker (nothing to do for one on a single device);
+        idempotent. The participant trains no more after it."""
+        self.worker.close()
 
     # --- one round ------------------------------------------------------------------------------
 
-    def train(self, stop: Callable[[], bool] | None = None, start: np.ndarray | None = None) -> Contribution:
+    def train(
+        self, stop: Callable[[], bool] | None = None, start: np.ndarray | None = None,
+        data: Sequence[np.ndarray] | None = None,
+    ) -> Contribution:
         """H inner steps from `start` (default θ_r); the encoded pseudo-gradient (or, for a test
         adversary, its attack). `stop` is asked after each step: once it says yes, training ends
-        early (the result is then one the caller discards).
+        early (the result is then one the caller discards). `data`: the tokens of the dataset
+        shards the round assigned this peer (a run with a dataset trains on nothing else).
 
         Reads θ only when no `start` is given, so with a `start` it may run while `aggregate`
         computes the next θ. Raises `TrainingDiverged` if the loss or Δ is not finite (nothing
         to send: a non-finite payload is refused by every peer)."""
+        if getattr(self.task, "dataset_id", None) is not None and data is None:
+            raise ParticipantError("this run trains on a dataset: a round needs the shards it assigned this peer")
+        batches = None if data is None else self.task.round_batches(data, self.settings.batch_size)
         result = self.worker.run_round(self.outer.theta if start is None else start,
-                                       self.settings.inner_steps, stop=stop)
+                                       self.settings.inner_steps, stop=stop, batches=batches)
         self._check_finite(result.mean_loss, result.steps, result.delta)
         if self.attack is None:
             payload = self.encoder.encode(result.delta)
@@ -169,6 +196,56 @@ class Participant:
             what += ", the pseudo-gradient not finite"
         raise TrainingDiverged(f"training diverged: {what} "
                                f"(outer_lr {self.settings.outer_lr:g}, inner_lr {self.settings.inner_lr:g})")
+
+    def data_needs(self) -> DataNeeds:
+        """The task's dataset and initial weights by ID (None for a task that names neither), and
+        the tokens this peer reads a round."""
+        dataset, init = getattr(self.task, "dataset_id", None), getattr(self.task, "init_id", None)
+        if dataset is None and init is None:
+            return DataNeeds()
+        settings = self.settings
+        return DataNeeds(dataset=dataset, init=init, init_limits=None if init is None else self.init_limits(),
+                         tokens_per_round=self.task.tokens_per_round(settings.inner_steps, settings.batch_size))
+
+    def init_limits(self) -> ManifestLimits:
+        """What the checkpoint of this run's initial weights may be: the model's parameters by name
+        and shape (`task.weight_layout`), float32, exactly (the `init` checkpoint `run create --init` writes)."""
+        layout = {name: TensorSpec("float32", shape) for name, shape in self.task.weight_layout().items()}
+        return checkpoint_limits(layout, {"run": b"", "round": 0, "kind": INIT_KIND})
+
+    def attach_data(self, index: Any, held_out: Sequence[np.ndarray], init: Mapping[str, Any] | None) -> None:
+        """Attach the dataset (its index, its held-out shards' tokens) to the task and, at round 0,
+        start from the initial weights `init` (a verified `init` checkpoint's tensors); a
+        `ParticipantError` for what the model cannot use."""
+        from .tasks import TaskError  # torch: the task is built already
+
+        try:
+            if index is not None:
+                self.task.attach_dataset(index, held_out)
+        except TaskError as error:
+            raise ParticipantError(str(error)) from None
+        if init is not None and self.round == 0:
+            model = self.task.build_model(0)
+            try:
+                result = model.load_state_dict(dict(init), strict=False)  # not strict: a tied head is not stored
+            except RuntimeError as error:
+                raise ParticipantError(f"the initial weights do not fit the model: {error}") from None
+            unfilled = set(result.missing_keys) & set(self.task.weight_layout())
+            if unfilled or result.unexpected_keys:
+                raise ParticipantError(f"the initial weights do not fit the model: missing {sorted(unfilled)[:3]}, "
+                                       f"unknown {sorted(result.unexpected_keys)[:3]}")
+            self.outer = OuterStep(flatten(model), self.settings.outer_config())
+
+    def export_files(self, tokenizer_json: bytes | None = None) -> dict[str, bytes]:
+        """The current state's model as the files of a checkpoint directory other tools load (the
+        llama task's: transformers' Llama), with the dataset's tokenizer when given. `ParticipantError`
+        for a task with no such format."""
+        export = getattr(self.task, "export_files", None)
+        if export is None:
+            raise ParticipantError(f"the {self.task.name} task has no checkpoint format to export to")
+        model = self.task.build_model(0)
+        unflatten_into(model, self.outer.theta)
+        return export(model, tokenizer_json)
 
     def delayed_start(self, trained: Contribution) -> np.ndarray:
         """Where the next round's inner steps start while `trained`'s round is still exchanged: the

@@ -119,5 +119,6 @@ def shrunk(delta: np.ndarray, center: np.ndarray | None, weight: float) -> np.nd
 def _mean_loss(model: torch.nn.Module, theta: np.ndarray, batches) -> float:
     unflatten_into(model, np.ascontiguousarray(theta, dtype=np.float32))
     model.eval()
-    losses = [float(model(inputs, targets)[1]) for inputs, targets in batches]
+    device = next(model.parameters()).device  # float32 there, no autocast: a score is a small difference of losses
+    losses = [float(model(inputs.to(device), targets.to(device))[1]) for inputs, targets in batches]
     return math.fsum(losses) / len(losses)

@@ -49,6 +49,7 @@ from locomesh.protocol import ProtocolError
 from locomesh.protocol.runs import format_run_id, load_manifest
 from locomesh.training.checkpoint_manifest import CheckpointError, ManifestLimits
 
+from locomesh.node.datadir import CHECKPOINT_DIR
 from locomesh.node.replication.op_log import stored_ops
 from locomesh.node.runs.store import RunStore
 from locomesh.node.transfer.store import is_missing, load_checkpoint, load_payload
@@ -295,11 +296,26 @@ def audit_data_dir(data_dir: str | os.PathLike, run_id: bytes, *, first: int = 1
     if known is None:
         raise AuditError(f"this node knows no run {format_run_id(run_id)} (data dir {Path(data_dir)})")
     replica = read_replica(data_dir, known.manifest)
+    store = Path(data_dir) / CHECKPOINT_DIR
     try:  # whose key does not matter: it picks the data shard of training, never used here
         participant = Participant.for_run(load_manifest(known.manifest)[1].body, bytes(32))
+        _start_from_initial_weights(participant, store)
     except ParticipantError as error:
         raise AuditError(f"this node cannot compute run {format_run_id(run_id)}: {error}") from None
-    load_pay, load_st = store_loaders(Path(data_dir) / "checkpoints")  # the daemon's store (node/assembly.py)
+    load_pay, load_st = store_loaders(store)
     reports = audit_rounds(replica.facts, replica.genesis, participant, load_payload=load_pay, load_state=load_st,
                            first=first, last=last)
     return replica.state, reports
+
+
+def _start_from_initial_weights(participant: Any, store: Path) -> None:
+    """Give a run that starts from stored weights (`run create --init`) its genesis state, from the
+    node's store; `AuditError` if the store lacks them."""
+    needs = participant.data_needs()
+    if needs.init is None:
+        return
+    try:
+        tensors, _metadata = load_checkpoint(store, needs.init, needs.init_limits)
+    except CheckpointError as error:
+        raise AuditError(f"the run's initial weights {needs.init.hex()[:16]} are not in this node's store: {error}") from None
+    participant.attach_data(None, [], tensors)

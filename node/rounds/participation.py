@@ -37,8 +37,10 @@ from locomesh.crdt.scores import scores_json
 from locomesh.protocol import peer_id_from_public_key
 from locomesh.protocol.runs import short_run_id
 from locomesh.training.contract import RoundParticipant
-from locomesh.training.run_settings import TrainingDiverged
+from locomesh.training.run_settings import ParticipantError, TrainingDiverged
 
+from locomesh.node.datasets.service import RunData
+from locomesh.node.files import atomic_write
 from locomesh.node.rounds import machine as rm
 from locomesh.node.rounds.payloads import PayloadExchange
 from locomesh.node.rounds.scoring import RoundScorer
@@ -66,15 +68,17 @@ class RunParticipation:
     def __init__(self, node: Node, crdt: CrdtService, replica: Replica, participant: RoundParticipant,
                  checkpoint_dir: Path, scores: PeerScores, *, timing: rm.Timing, compute: Compute = trio.to_thread.run_sync,
                  offload: Offload = trio.to_thread.run_sync, held: HeldCheckpoints | None = None,
-                 archive: bool = False) -> None:
+                 archive: bool = False, data: RunData | None = None) -> None:
         """`held`: where fetched payloads are kept, the checkpoint service's (`CheckpointService.held`)
         so that it serves them on; without it they are kept apart and served by nobody. `archive`:
-        keep every payload of every round in the store too (`payloads`)."""
+        keep every payload of every round in the store too (`payloads`). `data`: the run's dataset
+        shards, for a run that trains on one (node/datasets/)."""
         self.node = node
         self.crdt = crdt
         self.replica = replica
         self.run_id = replica.run_id
         self.participant = participant
+        self.data = data
         self.compute = compute  # runs a participant method; a simulation models its time instead
         self.offload = offload  # runs blocking store work (a thread; inline in the simulator)
         self.directory = checkpoint_dir
@@ -205,6 +209,7 @@ class RunParticipation:
             "initial_eval_loss": self.initial_eval.get("loss"),
             "history": [record.to_json() for record in self.history],
             "scores": scores_json(self.replica.facts, state),  # member -> its recent contribution scores
+            "data": None if self.data is None else self.data.status(),
         }
 
     def _waiting(self) -> dict[str, Any]:
@@ -299,8 +304,9 @@ class RunParticipation:
         elif self.delayed:
             contribution = await self._train_delayed(work)
         else:
+            data = await self._round_data(work.round)
             async with self._training:
-                contribution = await self.compute(self.participant.train, work.stop_training.is_set)
+                contribution = await self.compute(self.participant.train, work.stop_training.is_set, None, data)
         manifest = await self.offload(self.payloads.store, work.round, contribution.payload)
         work.payload_id, work.payload_size = manifest.id, len(contribution.payload)
         work.train_loss, work.train_seconds = contribution.train_loss, contribution.seconds
@@ -320,8 +326,9 @@ class RunParticipation:
             self._cancel_ahead()
             contribution = None
         if contribution is None:
+            data = await self._round_data(work.round)
             async with self._training:
-                contribution = await self.compute(self.participant.train, work.stop_training.is_set)
+                contribution = await self.compute(self.participant.train, work.stop_training.is_set, None, data)
         async with self._compute:  # θ is the state this round's aggregate will land on until that runs
             start = await self.compute(self.participant.delayed_start, contribution)
         self._ahead = TrainingAhead(work.round + 1)
@@ -330,10 +337,21 @@ class RunParticipation:
 
     async def _train_ahead(self, ahead: TrainingAhead, start: Any) -> None:
         try:
+            data = await self._round_data(ahead.round)
             async with self._training:
-                ahead.contribution = await self.compute(self.participant.train, ahead.stop.is_set, start)
+                ahead.contribution = await self.compute(self.participant.train, ahead.stop.is_set, start, data)
         finally:
             ahead.done.set()
+
+    async def _round_data(self, round_number: int) -> Any:
+        """The tokens of the shards round `round_number` assigns us (None for a run without a
+        dataset); the next round's start coming in meanwhile (`RunData.prefetch`)."""
+        if self.data is None:
+            return None
+        roster = self.replica.contributors(round_number)
+        shards = await self.data.shards(round_number, roster)
+        self._start([], self.data.prefetch, round_number + 1, roster)
+        return shards
 
     def _cancel_ahead(self, round_number: int | None = None) -> None:
         """Stop training ahead (only if it is for `round_number`, when given): its base is gone."""
@@ -398,6 +416,23 @@ class RunParticipation:
         self.history.append(RoundRecord.of(done, work, evaluation, now))
         self.payloads.release_before(done.round)  # the round just done's stay a round, for peers replaying it
         await self.offload(self.states.forget_old_rounds, done.round)
+
+    async def export(self, directory: Path) -> dict[str, Any]:
+        """Write the model of the state we hold into `directory` (`RoundParticipant.export_files`),
+        with the dataset's tokenizer; {"round", "files"}. `ParticipantError` unless that state is
+        the certified one (a state we voted for may not be certified; once it is, export again)."""
+        async with self._compute:  # the state stays the one checked while its files are made
+            certified = self.replica.state.round
+            round_number, state_hash = self.machine.state_round, self.machine.state_hash
+            certificate = self.replica.state.certificates.get(round_number)
+            if round_number != certified or (certificate is not None and certificate.hash != state_hash):
+                raise ParticipantError(f"this node holds the state of round {round_number}, not the certified "
+                                       f"round {certified}'s yet; export again once it synced")
+            tokenizer = None if self.data is None else await self.offload(self.data.tokenizer)
+            files = await self.compute(self.participant.export_files, tokenizer)
+        for name, contents in files.items():
+            await self.offload(atomic_write, directory / name, contents)
+        return {"round": round_number, "files": sorted(files)}
 
     def _other_members(self, exclude: bytes | None = None) -> list[str]:
         """The peer IDs of the run's members but us (and `exclude`)."""

@@ -6,6 +6,7 @@ service, whose parts it uses. RPC methods:
     run.join(run_id) -> {"run_id", "joins_at"}
     run.leave(run_id) -> {"run_id", "last_round"}
     run.status(run_id) -> phase, rounds, members, and the history of finished rounds
+    run.export(run_id, directory) -> {"round", "files"}: the certified model, as files other tools load
 
 Joining finds the run (locally or in the DHT), announces this node as a participant in the DHT,
 connects to the run's other participants, pulls their CRDT state (with our own ops: the run's op
@@ -22,7 +23,10 @@ which says why); a run taken up again at start shows the same.
 
 from __future__ import annotations
 
+import functools
 import logging
+import os
+from pathlib import Path
 from typing import Any
 
 import trio
@@ -33,9 +37,10 @@ from locomesh.dht import records
 from locomesh.dht.discovery import DiscoveryError
 from locomesh.protocol import ProtocolError
 from locomesh.protocol.runs import format_run_id, load_manifest, parse_run_id, short_run_id
-from locomesh.training.contract import ParticipantFactory
+from locomesh.training.contract import ParticipantFactory, RoundParticipant
 from locomesh.training.run_settings import ParticipantError, RoundSettings
 
+from locomesh.node.datasets.service import DataUnavailable, DatasetFetcher, RunData
 from locomesh.node.transfer.download import Offload
 from locomesh.node.transfer.service import CheckpointService
 from locomesh.node.replication.service import CrdtService
@@ -48,7 +53,9 @@ from locomesh.node.runtime import DialError, Node
 logger = logging.getLogger(__name__)
 
 NOT_JOINED = -32005
+DATA_UNAVAILABLE = -32008  # the run's dataset or initial weights could not be fetched
 BANNED = -32007
+NO_DEVICE = -32009  # this machine lacks the devices the node's config names, or they failed to start
 CONNECT_TIMEOUT = 10.0
 
 
@@ -65,6 +72,8 @@ class RoundService:
         *,
         attack: str = "",
         archive: bool = False,
+        device: str = "cpu",
+        local_workers: int = 1,
         participant_factory: ParticipantFactory | None = None,
         compute: Compute = trio.to_thread.run_sync,
         offload: Offload = trio.to_thread.run_sync,
@@ -72,9 +81,12 @@ class RoundService:
         """`participant_factory(manifest body, our public key, attack)` and `compute` exist for the
         simulator, which models training time instead of spending it, as does `offload` (how blocking
         store work runs); the daemon uses the defaults (`training.participant.Participant.for_run`,
-        worker threads). `archive`: keep every payload of every round in the store (`payloads`)."""
+        worker threads). `archive`: keep every payload of every round in the store (`payloads`).
+        `device`, `local_workers`: where the default factory's participants train (node/config.py)."""
         self.registry = registry
         self.archive = archive
+        self.device = device
+        self.local_workers = local_workers
         self.participant_factory = participant_factory
         self.compute = compute
         self.offload = offload
@@ -87,7 +99,8 @@ class RoundService:
 
     async def run(self, node: Node, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         self._node = node
-        for name, method in (("run.join", self._rpc_join), ("run.leave", self._rpc_leave), ("run.status", self._rpc_status)):
+        for name, method in (("run.join", self._rpc_join), ("run.leave", self._rpc_leave), ("run.status", self._rpc_status),
+                             ("run.export", self._rpc_export)):
             node.rpc.register(name, method)
         node.add_status_field("training", self._summary)
         async with trio.open_nursery() as nursery:
@@ -104,10 +117,7 @@ class RoundService:
         """Take part in the run of this signed manifest (idempotent); the round this node trains first.
         `RpcError` `BANNED` if the run banned our key, unless `resuming` (at start: the participation
         is set up to show why, and stops at once)."""
-        from locomesh.training.participant import Participant  # torch: on first join only
-
-        factory = self.participant_factory or Participant.for_run
-
+        factory = self.participant_factory or self._default_factory()
         assert self._node is not None and self._nursery is not None
         body = load_manifest(manifest)[1].body
         timing = _timing(body["hparams"])  # before anything is stored or announced
@@ -116,12 +126,21 @@ class RoundService:
             self._refuse_if_banned(replica.run_id)
         if replica.run_id in self.participations:
             return self.participations[replica.run_id][0].machine.state_round + 1
+        participant = await self._make_participant(factory, body)
         try:
-            participant = await self.offload(  # a thread in the daemon; inline (deterministic) in netsim
-                factory, body, self._node.identity.public_key, self.attack
-            )
-        except ParticipantError as error:
-            raise RpcError(BAD_RUN, f"cannot train this run here: {error}") from None
+            return await self._start(manifest, body, replica, participant, timing, resuming=resuming)
+        except BaseException:
+            await self._close(participant)  # it never trains: its processes must not linger
+            raise
+
+    async def _start(self, manifest: bytes, body: dict[str, Any], replica: Replica, participant: RoundParticipant,
+                     timing: Timing, *, resuming: bool) -> int:
+        """`join`'s second half, once the participant is made: the round this node trains first."""
+        assert self._node is not None and self._nursery is not None
+        if replica.run_id in self.participations:  # joined meanwhile, by a call beside this one
+            await self._close(participant)
+            return self.participations[replica.run_id][0].machine.state_round + 1
+        data = await self._prepare_data(participant, body)
         self.registry.store.add(manifest, "joined")
         await self._meet_participants(replica.run_id)
         if not resuming:
@@ -130,13 +149,57 @@ class RoundService:
         participation = RunParticipation(
             self._node, self.crdt, replica, participant, self.checkpoints.directory, self.checkpoints.scores,
             timing=timing, compute=self.compute, offload=self.offload, held=self.checkpoints.held,
-            archive=self.archive,
+            archive=self.archive, data=data,
         )
         scope = trio.CancelScope()
         self.participations[replica.run_id] = (participation, scope)
         self._nursery.start_soon(self._participate, participation, scope)
         logger.info("joined run %s; training from round %d", short_run_id(replica.run_id), first)
         return first
+
+    def _default_factory(self) -> ParticipantFactory:
+        """The daemon's participants: `Participant.for_run` on this node's devices."""
+        from locomesh.training.participant import Participant  # torch: on first join only
+
+        return functools.partial(Participant.for_run, device=self.device, local_workers=self.local_workers)
+
+    async def _make_participant(self, factory: ParticipantFactory, body: dict[str, Any]) -> RoundParticipant:
+        """The participant for the run of manifest body `body`; `RpcError` if the run's settings or
+        this machine's devices do not let it train here."""
+        from locomesh.training.devices import DataParallelError, DeviceError  # no torch
+
+        assert self._node is not None
+        try:
+            return await self.offload(  # a thread in the daemon; inline (deterministic) in netsim
+                factory, body, self._node.identity.public_key, self.attack
+            )
+        except ParticipantError as error:
+            raise RpcError(BAD_RUN, f"cannot train this run here: {error}") from None
+        except DeviceError as error:
+            raise RpcError(NO_DEVICE, f"cannot train here on device {self.device!r}: {error}") from None
+        except DataParallelError as error:
+            raise RpcError(NO_DEVICE, f"cannot train here: the data-parallel group did not start: {error}") from None
+
+    async def _close(self, participant: RoundParticipant) -> None:
+        """Release what `participant` holds (a data-parallel group's processes), even while cancelled."""
+        with trio.CancelScope(shield=True):
+            await self.offload(participant.close)
+
+    async def _prepare_data(self, participant: RoundParticipant, body: dict[str, Any]) -> RunData | None:
+        """Fetch and attach the run's dataset and initial weights (node/datasets/), before anything
+        trains; the participation's share of the dataset, or None for a run without one."""
+        assert self._node is not None
+        fetcher = DatasetFetcher(self._node, self.checkpoints, offload=self.offload)
+        try:
+            index = await fetcher.prepare(participant, self.compute)
+        except DataUnavailable as error:
+            raise RpcError(DATA_UNAVAILABLE, f"cannot train this run here: {error}") from None
+        except ParticipantError as error:
+            raise RpcError(BAD_RUN, f"cannot train this run here: {error}") from None
+        if index is None:
+            return None
+        return RunData(fetcher, participant.data_needs().dataset, index, seed=body["seed"], me=self._node.identity.public_key,
+                       tokens_per_round=participant.data_needs().tokens_per_round)
 
     def _write_join(self, replica: Replica) -> int:
         """Write our join op unless we are a member already (or banned); the first round we train."""
@@ -170,12 +233,15 @@ class RoundService:
 
     async def _participate(self, participation: RunParticipation, scope: trio.CancelScope) -> None:
         """Run one participation; a failure in it stops that run here, never the node."""
-        with scope:
-            try:
-                await participation.run()
-            except Exception as error:  # noqa: BLE001 - one run's bug must not take the daemon down
-                logger.exception("run %s: training stopped", short_run_id(participation.run_id))
-                participation.failure = _describe(error)
+        try:
+            with scope:
+                try:
+                    await participation.run()
+                except Exception as error:  # noqa: BLE001 - one run's bug must not take the daemon down
+                    logger.exception("run %s: training stopped", short_run_id(participation.run_id))
+                    participation.failure = _describe(error)
+        finally:  # left, failed, or the node stops: its compute threads are done by now (trio waits for them)
+            await self._close(participation.participant)
 
     async def _resume(self, manifest: bytes) -> None:
         try:
@@ -249,9 +315,27 @@ class RoundService:
 
     async def _rpc_status(self, run_id: str) -> dict[str, Any]:
         raw_id = _parse(run_id)
-        if raw_id not in self.participations:
-            raise RpcError(NOT_JOINED, f"this node has not joined run {short_run_id(raw_id)}")
-        return {**self.participations[raw_id][0].status(), "run_id": format_run_id(raw_id)}
+        participation = self._joined(raw_id)
+        return {**participation.status(), "device": participation.participant.device, "run_id": format_run_id(raw_id)}
+
+    async def _rpc_export(self, run_id: str, directory: str) -> dict[str, Any]:
+        """Write the run's certified model into `directory` (an absolute path) as the files of a
+        checkpoint directory other tools load (`RunParticipation.export`)."""
+        raw_id = _parse(run_id)
+        if not isinstance(directory, str) or not os.path.isabs(directory):
+            raise RpcError.invalid_params("directory must be an absolute path")
+        try:
+            exported = await self._joined(raw_id).export(Path(directory))
+        except ParticipantError as error:
+            raise RpcError(BAD_RUN, str(error)) from None
+        except OSError as error:
+            raise RpcError(-32000, f"cannot write {directory}: {error.strerror}") from None
+        return {**exported, "run_id": format_run_id(raw_id), "directory": directory}
+
+    def _joined(self, run_id: bytes) -> RunParticipation:
+        if run_id not in self.participations:
+            raise RpcError(NOT_JOINED, f"this node has not joined run {short_run_id(run_id)}")
+        return self.participations[run_id][0]
 
     async def _find_manifest(self, run_id: bytes) -> bytes:
         known = self.registry.store.get(run_id)
@@ -270,7 +354,7 @@ class RoundService:
     def _summary(self) -> dict[str, Any]:
         return {
             short_run_id(run_id): {"phase": "banned" if p.banned else p.machine.phase.value,
-                                   "round": p.machine.state_round}
+                                   "round": p.machine.state_round, "device": p.participant.device}
             for run_id, (p, _scope) in self.participations.items()
         }
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 import trio
@@ -29,8 +30,11 @@ from locomesh.dht.discovery import Discovery, DiscoveryError
 from locomesh.protocol import ProtocolError
 from locomesh.protocol.runs import format_run_id, parse_run_id, short_run_id, sign_manifest
 
+from locomesh.training.checkpoint_manifest import CheckpointError
 from locomesh.training.run_settings import RULES, RunSettingsError, check_run_settings, default_hparams
 
+from locomesh.node.datadir import CHECKPOINT_DIR
+from locomesh.node.datasets.creation import check_local_dataset, store_initial_weights
 from locomesh.node.rpc.dispatch import RpcError
 from locomesh.node.runs.store import KnownRun, RunStore
 from locomesh.node.runtime import Node
@@ -50,6 +54,7 @@ class RunRegistryService:
 
     def __init__(self, data_dir: str | os.PathLike) -> None:
         self.store = RunStore(data_dir)
+        self.checkpoint_dir = Path(data_dir) / CHECKPOINT_DIR  # where `--init` weights are stored
         self.discovery: Discovery | None = None
         self._node: Node | None = None
 
@@ -89,18 +94,28 @@ class RunRegistryService:
     # --- RPC ------------------------------------------------------------------------------
 
     async def _rpc_create(
-        self, task: str, settings: dict | None = None, public: bool = False, name: str = "", seed: int | None = None
+        self, task: str, settings: dict | None = None, public: bool = False, name: str = "", seed: int | None = None,
+        init: str | None = None,
     ) -> dict[str, Any]:
+        """`init`: the path of the weights file or checkpoint directory the run starts from (node/datasets/creation.py)."""
         assert self._node is not None
         if not isinstance(public, bool):
             raise RpcError.invalid_params("public must be true or false")
+        if init is not None and not isinstance(init, str):
+            raise RpcError.invalid_params("init must be a path")
         if seed is None:
             seed = self._node.rng.randrange(2**63)
         hparams, task_config = split_settings(_settings(settings))
         try:  # the check every joiner makes: a run nobody could train is never signed
+            if init is not None:
+                task_config = await trio.to_thread.run_sync(
+                    store_initial_weights, self.checkpoint_dir, init, task, task_config)
             await trio.to_thread.run_sync(check_run_settings, task, task_config, hparams)
-        except RunSettingsError as error:
+            await trio.to_thread.run_sync(check_local_dataset, self.checkpoint_dir, task, task_config)
+        except (RunSettingsError, CheckpointError) as error:
             raise RpcError(BAD_RUN, f"bad run settings: {error}") from None
+        except OSError as error:
+            raise RpcError(BAD_RUN, f"bad run settings: {init}: {error.strerror}") from None
         try:
             manifest = sign_manifest(
                 self._node.identity,

@@ -266,6 +266,13 @@ class CheckpointService:
         await discovery.provide(records.checkpoint_key(checkpoint_id))
         self.announced.add(checkpoint_id)
 
+    def withdraw(self, checkpoint_id: bytes) -> None:
+        """Stop announcing `checkpoint_id` (deleted from the store)."""
+        discovery = self._discovery() if self._discovery is not None else None
+        if discovery is not None:
+            discovery.stop_providing(records.checkpoint_key(checkpoint_id))
+        self.announced.discard(checkpoint_id)
+
     async def _announce_installed(self) -> None:
         """Announce every installed checkpoint, and every `ANNOUNCE_INTERVAL` s the ones added since."""
         assert self._discovery is not None

@@ -1,7 +1,8 @@
 """Tasks: model + data + eval behind one interface (`Task`), resolved by name with `get_task`.
 
-Built in: `synthetic-lm` (the default; a Markov source of known entropy) and `text-lm` (the user's
-own text files). Any other name of the form `module:function` is a user task: the function is
+Built in: `synthetic-lm` (the default; a Markov source of known entropy), `text-lm` (the user's
+own text files, byte by byte) and `llama` (a Llama-family model on a tokenized dataset shared peer
+to peer). Any other name of the form `module:function` is a user task: the function is
 called with the config and must return a `Task`.
 """
 
@@ -17,7 +18,15 @@ from .synthetic import SyntheticLM
 from .text import TextLM
 
 DEFAULT_TASK = SyntheticLM.name
-BUILTIN_TASKS = {SyntheticLM.name: SyntheticLM, TextLM.name: TextLM}
+
+
+def _llama(config: Mapping[str, Any] | None) -> Task:
+    from .llama import LlamaTask  # the Llama's modules load with the first run that uses them
+
+    return LlamaTask(config)
+
+
+BUILTIN_TASKS = {SyntheticLM.name: SyntheticLM, TextLM.name: TextLM, "llama": _llama}
 
 __all__ = ["DEFAULT_TASK", "MarkovSource", "SyntheticLM", "Task", "TaskError", "TextLM", "get_task"]
 

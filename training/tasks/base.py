@@ -99,11 +99,12 @@ class LanguageModelTask:
     def evaluate(self, model: nn.Module, batch_size: int = 64) -> dict[str, float | None]:
         was_training = model.training
         model.eval()
+        device = next(model.parameters()).device  # the held-out windows go where the model is
         total, count = 0.0, 0
         with torch.no_grad():
             for start in range(0, len(self.eval_inputs), batch_size):
                 inputs = self.eval_inputs[start : start + batch_size]
-                _, loss = model(inputs, self.eval_targets[start : start + batch_size])
+                _, loss = model(inputs.to(device), self.eval_targets[start : start + batch_size].to(device))
                 total += float(loss) * inputs.numel()
                 count += inputs.numel()
         model.train(was_training)
