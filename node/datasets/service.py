@@ -47,6 +47,7 @@ from locomesh.training.data.index import DatasetIndex, index_limits, shard_limit
 logger = logging.getLogger(__name__)
 
 FETCH_TIMEOUT = 300.0  # one checkpoint's download, providers looked up included
+PARALLEL_FETCHES = 8  # shard downloads at once
 EVAL_SHARDS = 1  # held-out shards a peer fetches to evaluate on (a dataset's held-out part can be large)
 RETRY_PAUSE = 2.0
 MAX_RETRY_PAUSE = 60.0
@@ -65,6 +66,7 @@ class DatasetFetcher:
         self.node, self.checkpoints, self.offload = node, checkpoints, offload
         self.directory: Path = checkpoints.directory
         self._downloads: dict[bytes, trio.Event] = {}
+        self._fetching = trio.CapacityLimiter(PARALLEL_FETCHES)  # a round of many tiny shards opens no more downloads
         self.fetched: OrderedDict[bytes, None] = OrderedDict()  # shards downloaded here, least recently used first
 
     async def fetch(self, checkpoint_id: bytes, limits: ManifestLimits, what: str) -> None:
@@ -123,10 +125,11 @@ class DatasetFetcher:
         failures: list[DataUnavailable] = []
 
         async def fetch_one(shard_id: bytes) -> None:
-            try:
-                await self.fetch(shard_id, shard_limits(index), "dataset shard")
-            except DataUnavailable as error:
-                failures.append(error)
+            async with self._fetching:
+                try:
+                    await self.fetch(shard_id, shard_limits(index), "dataset shard")
+                except DataUnavailable as error:
+                    failures.append(error)
 
         async with trio.open_nursery() as nursery:
             for shard_id in set(shard_ids):
