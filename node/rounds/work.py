@@ -51,7 +51,7 @@ class RoundRecord:
         ours = this_round if this_round is not None and this_round.committed else None  # our payload went out
         return cls(
             round=done.round, state_hash=done.state_hash.hex(), synced=done.synced, contributors=done.contributors,
-            train_loss=None if mine is None else mine.train_loss,
+            train_loss=None if ours is None else ours.train_loss,  # a round overtaken by its certificate was still trained
             eval_loss=evaluation["loss"], floor=evaluation["floor"],
             payload_bytes=0 if mine is None else mine.payload_size,
             bytes_fetched=None if mine is None else mine.bytes_fetched,
