@@ -60,17 +60,15 @@ def _shape_settings(model_config: Any, task_config: dict[str, Any], names: list[
     return {name: value for name, value in shape.items() if value is not None}
 
 
-def check_local_dataset(directory: str | os.PathLike, task: str, task_config: dict[str, Any]) -> None:
-    """If the run's dataset is held here, check that the model can embed its tokenizer's
-    vocabulary; `RunSettingsError` if not. A dataset held elsewhere is checked by each joiner."""
-    try:
-        dataset = bytes.fromhex(task_config.get("dataset"))
-    except (TypeError, ValueError):
-        return  # no dataset, or not an ID: the task's own check says so
-    if not has_checkpoint(directory, dataset):
+def check_local_dataset(directory: str | os.PathLike, task: Any) -> None:
+    """If the dataset of `task` (a built task) is held here, check that the model can embed its
+    tokenizer's vocabulary; `RunSettingsError` if not. A dataset held elsewhere is checked by each joiner."""
+    from locomesh.training.tasks import TaskError  # the task is built: torch is loaded
+
+    dataset = getattr(task, "dataset_id", None)
+    if dataset is None or not has_checkpoint(directory, dataset):
         return
-    index = load_index(directory, dataset)
-    vocabulary = check_task(task, task_config).model_config.vocab_size
-    if index.vocab_size > vocabulary:
-        raise RunSettingsError(f"the dataset's tokenizer has {index.vocab_size} tokens; the model embeds only "
-                               f"{vocabulary} (set vocab_size to at least {index.vocab_size})")
+    try:
+        task.check_vocabulary(load_index(directory, dataset))
+    except TaskError as error:
+        raise RunSettingsError(str(error)) from None

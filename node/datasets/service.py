@@ -38,7 +38,7 @@ from locomesh.node.datasets import store as dataset_store
 from locomesh.node.runtime import Node
 from locomesh.node.transfer.download import DownloadError, DownloadProgress, Offload, download_checkpoint
 from locomesh.node.transfer.service import CheckpointService
-from locomesh.node.transfer.store import has_checkpoint, load_checkpoint, remove_checkpoint_ids
+from locomesh.node.transfer.store import checkpoint_ids, has_checkpoint, load_checkpoint, remove_checkpoint_ids
 from locomesh.training.checkpoint_manifest import CheckpointError, ManifestLimits
 from locomesh.training.contract import DataNeeds, RoundParticipant
 from locomesh.training.data.assignment import assigned, shards_per_member
@@ -101,8 +101,9 @@ class DatasetFetcher:
     async def announce_dataset(self, dataset_id: bytes, index: DatasetIndex) -> None:
         """Provide the dataset's checkpoints this node holds now (a dataset just packed is announced
         at once, not at the store's next scan)."""
+        held = set(await self.offload(checkpoint_ids, self.directory))  # a visible manifest's chunks are all there
         for checkpoint_id in (dataset_id, index.tokenizer, *index.train, *index.heldout):
-            if await self.offload(has_checkpoint, self.directory, checkpoint_id):
+            if checkpoint_id in held:
                 await self.checkpoints.announce(checkpoint_id)
 
     async def load_index(self, dataset_id: bytes) -> DatasetIndex:

@@ -30,7 +30,6 @@ from locomesh.dht.discovery import Discovery, DiscoveryError
 from locomesh.protocol import ProtocolError
 from locomesh.protocol.runs import format_run_id, parse_run_id, short_run_id, sign_manifest
 
-from locomesh.training.checkpoint_manifest import CheckpointError
 from locomesh.training.run_settings import RULES, RunSettingsError, check_run_settings, default_hparams
 
 from locomesh.node.datadir import CHECKPOINT_DIR
@@ -110,9 +109,9 @@ class RunRegistryService:
             if init is not None:
                 task_config = await trio.to_thread.run_sync(
                     store_initial_weights, self.checkpoint_dir, init, task, task_config)
-            await trio.to_thread.run_sync(check_run_settings, task, task_config, hparams)
-            await trio.to_thread.run_sync(check_local_dataset, self.checkpoint_dir, task, task_config)
-        except (RunSettingsError, CheckpointError) as error:
+            _checked, built = await trio.to_thread.run_sync(check_run_settings, task, task_config, hparams)
+            await trio.to_thread.run_sync(check_local_dataset, self.checkpoint_dir, built)
+        except (RunSettingsError, ProtocolError) as error:  # a stored index or checkpoint that is damaged, too
             raise RpcError(BAD_RUN, f"bad run settings: {error}") from None
         except OSError as error:
             raise RpcError(BAD_RUN, f"bad run settings: {init}: {error.strerror}") from None

@@ -13,10 +13,10 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from locomesh.training.checkpoint_manifest import CheckpointError, Manifest
+from locomesh.training.checkpoint_manifest import Manifest
 
 from locomesh.node.transfer.held import HeldCheckpoints
-from locomesh.node.transfer.store import install_manifest, missing_chunks, read_stored_manifest, store_chunk
+from locomesh.node.transfer.store import install_manifest, installed_manifest, missing_chunks, store_chunk
 
 # How blocking store work (hashing, file I/O, fsync) is run: in a worker thread by default, so
 # the event loop stays free. The simulator runs it inline instead (netsim/offload.py): a thread's
@@ -35,7 +35,7 @@ class StoreSink:
         self.directory, self.offload = directory, offload
 
     async def installed(self, checkpoint_id: bytes) -> Manifest | None:
-        return await self.offload(_installed_manifest, self.directory, checkpoint_id)
+        return await self.offload(installed_manifest, self.directory, checkpoint_id)
 
     async def missing(self, manifest: Manifest) -> list[int]:
         return await self.offload(missing_chunks, self.directory, manifest)
@@ -66,15 +66,6 @@ class HeldSink:
     async def install(self, manifest: Manifest) -> None:
         if self.held.complete(manifest.id) is None:
             raise DownloadError(f"chunks of {manifest.id.hex()[:16]} were released before the download ended")
-
-
-def _installed_manifest(directory: Path, checkpoint_id: bytes) -> Manifest | None:
-    """The manifest of `checkpoint_id` if it is installed here with all its chunks, else None."""
-    try:
-        manifest = read_stored_manifest(directory, checkpoint_id)
-    except CheckpointError:
-        return None
-    return None if missing_chunks(directory, manifest) else manifest
 
 
 def _install(directory: Path, manifest: Manifest) -> None:

@@ -153,14 +153,19 @@ def missing_chunks(directory: str | os.PathLike, manifest: Manifest) -> list[int
     return missing
 
 
-def has_checkpoint(directory: str | os.PathLike, checkpoint_id: bytes) -> bool:
-    """Whether checkpoint `checkpoint_id` is stored whole under `directory` (its manifest and a file
-    of the right size for every chunk; the bytes are verified when it is loaded)."""
+def installed_manifest(directory: str | os.PathLike, checkpoint_id: bytes) -> Manifest | None:
+    """The manifest of `checkpoint_id` if it is stored whole under `directory` (its manifest and a
+    file of the right size for every chunk; the bytes are verified when it is loaded), else None."""
     try:
         manifest = read_stored_manifest(directory, checkpoint_id)
     except CheckpointError:
-        return False
-    return not missing_chunks(directory, manifest)
+        return None
+    return None if missing_chunks(directory, manifest) else manifest
+
+
+def has_checkpoint(directory: str | os.PathLike, checkpoint_id: bytes) -> bool:
+    """Whether checkpoint `checkpoint_id` is stored whole under `directory` (`installed_manifest`)."""
+    return installed_manifest(directory, checkpoint_id) is not None
 
 
 # --- removing -----------------------------------------------------------------------------------

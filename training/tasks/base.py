@@ -7,7 +7,7 @@ step), and evaluates a model on a fixed held-out set. Everything a peer needs to
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -88,24 +88,34 @@ class LanguageModelTask:
             raise TaskError(f"task {self.name!r}: {error}") from None
 
     def build_model(self, seed: int) -> nn.Module:
-        # fork_rng: building a model must not disturb the caller's global torch RNG.
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            return GPT(self.model_config())
+        return seeded_build(seed, lambda: GPT(self.model_config()))
 
     def floor(self) -> float | None:
         raise NotImplementedError
 
     def evaluate(self, model: nn.Module, batch_size: int = 64) -> dict[str, float | None]:
-        was_training = model.training
-        model.eval()
-        device = next(model.parameters()).device  # the held-out windows go where the model is
-        total, count = 0.0, 0
-        with torch.no_grad():
-            for start in range(0, len(self.eval_inputs), batch_size):
-                inputs = self.eval_inputs[start : start + batch_size]
-                _, loss = model(inputs.to(device), self.eval_targets[start : start + batch_size].to(device))
-                total += float(loss) * inputs.numel()
-                count += inputs.numel()
-        model.train(was_training)
-        return {"loss": total / count, "floor": self.floor()}
+        return {"loss": held_out_loss(model, self.eval_inputs, self.eval_targets, batch_size), "floor": self.floor()}
+
+
+def seeded_build(seed: int, make: Callable[[], nn.Module]) -> nn.Module:
+    """`make()` under `torch.manual_seed(seed)`, without disturbing the caller's global torch RNG."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return make()
+
+
+def held_out_loss(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, batch_size: int) -> float:
+    """The mean loss per token of `model` on the windows (`inputs`, `targets`), in batches of
+    `batch_size`, on the model's device, in eval mode (the model's mode is restored)."""
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device  # the held-out windows go where the model is
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for start in range(0, len(inputs), batch_size):
+            batch = inputs[start : start + batch_size]
+            _, loss = model(batch.to(device), targets[start : start + batch_size].to(device))
+            total += float(loss) * batch.numel()
+            count += batch.numel()
+    model.train(was_training)
+    return total / count

@@ -33,7 +33,7 @@ from torch import nn
 
 from ..llama.hf import expected_layout, export_files
 from ..llama.model import LLAMA_PRESETS, Llama, LlamaConfig
-from .base import TaskError, seeded_rng
+from .base import TaskError, held_out_loss, seeded_build, seeded_rng
 from .markov import MarkovSource
 
 _MODEL_KEYS = tuple(field.name for field in fields(LlamaConfig) if field.name != "initializer_range")
@@ -87,9 +87,8 @@ class LlamaTask:
     # --- the model ------------------------------------------------------------------------------
 
     def build_model(self, seed: int) -> nn.Module:
-        with torch.random.fork_rng(devices=[]):  # building must not disturb the caller's torch RNG
-            torch.manual_seed(seed)
-            return Llama(self.model_config, activation_checkpointing=self.config["activation_checkpointing"])
+        checkpointing = self.config["activation_checkpointing"]
+        return seeded_build(seed, lambda: Llama(self.model_config, activation_checkpointing=checkpointing))
 
     def weight_layout(self) -> dict[str, tuple[int, ...]]:
         """Name -> shape of each of the model's parameters (a tied head is the embedding's)."""
@@ -110,9 +109,7 @@ class LlamaTask:
         """Train on the dataset of `index` (a `DatasetIndex`), evaluating on the `held_out` shards'
         tokens. `TaskError` if the model cannot embed its tokenizer's vocabulary, or the held-out
         tokens make no window."""
-        if index.vocab_size > self.model_config.vocab_size:
-            raise TaskError(f"the dataset's tokenizer has {index.vocab_size} tokens; the model embeds only "
-                            f"{self.model_config.vocab_size} (set vocab_size to at least {index.vocab_size})")
+        self.check_vocabulary(index)
         tokens = np.concatenate([np.asarray(shard) for shard in held_out]).astype(np.int64)
         window = self.context + 1
         if len(tokens) < window:
@@ -121,6 +118,12 @@ class LlamaTask:
         starts = np.linspace(0, len(tokens) - window, num=count).astype(np.int64)
         self.eval_inputs, self.eval_targets = _split(torch.from_numpy(np.stack([tokens[s : s + window] for s in starts])))
         self.dataset, self.held_out, self.source = index, tokens, None
+
+    def check_vocabulary(self, index: Any) -> None:
+        """`TaskError` unless the model embeds every token of the dataset of `index`."""
+        if index.vocab_size > self.model_config.vocab_size:
+            raise TaskError(f"the dataset's tokenizer has {index.vocab_size} tokens; the model embeds only "
+                            f"{self.model_config.vocab_size} (set vocab_size to at least {index.vocab_size})")
 
     def tokens_per_round(self, inner_steps: int, batch_size: int) -> int:
         """Tokens one member's round of `inner_steps` steps of `batch_size` windows reads."""
@@ -162,18 +165,8 @@ class LlamaTask:
     # --- evaluation -----------------------------------------------------------------------------
 
     def evaluate(self, model: nn.Module, batch_size: int = 16) -> dict[str, float | None]:
-        device = next(model.parameters()).device
-        was_training = model.training
-        model.eval()
-        total = 0.0
-        with torch.no_grad():
-            for start in range(0, len(self.eval_inputs), batch_size):
-                inputs = self.eval_inputs[start : start + batch_size].to(device)
-                _, loss = model(inputs, self.eval_targets[start : start + batch_size].to(device))
-                total += float(loss) * inputs.numel()
-        model.train(was_training)
         floor = None if self.source is None else self.source.window_floor(self.context)
-        return {"loss": total / self.eval_inputs.numel(), "floor": floor}
+        return {"loss": held_out_loss(model, self.eval_inputs, self.eval_targets, batch_size), "floor": floor}
 
 
 def _split(sequences: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
