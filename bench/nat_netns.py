@@ -3,7 +3,9 @@
     .venv/bin/python bench/nat_netns.py [--trials 2]
 
 Per NAT kind (``cone``: masquerade that keeps ports, so a hole punch can
-work; ``symmetric``: ``fully-random`` ports, so it cannot), each trial
+work; ``symmetric``: ``fully-random`` ports, so it cannot; ``cgnat``: the
+`CgnatLab`, a port-restricted host and two hosts behind one carrier NAT on the
+same private address and port, one of them remapped), each trial
 builds the lab of `tests/netns_lab.py` (a public relay, two hosts
 each behind its own NAT), waits until both hosts know they are private, hold
 a relay reservation and have published it in the DHT, then has host2 connect
@@ -34,12 +36,14 @@ sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # the repository r
 from _report import machine, report  # noqa: E402
 
 from tests.netns_lab import (  # noqa: E402
+    CgnatLab,
     LabTimeout,
     NatLab,
     RpcFailed,
     missing_tools,
     peer_connection,
     rpc,
+    start_cgnat,
     start_daemon,
     start_three,
     wait_private_with_reservation,
@@ -79,6 +83,43 @@ def trial(symmetric: bool, index: int) -> dict:
         except LabTimeout as error:
             print(f"  trial {index}: {error}", file=sys.stderr)
             return {"connected": False, "direct": False}
+        finally:
+            for daemon in daemons:
+                daemon.stop()
+
+
+def cgnat_trial(index: int) -> list[dict]:
+    """One `CgnatLab`: the port-restricted host connects to both hosts behind the carrier (kept port, remapped)."""
+    daemons = []
+    with tempfile.TemporaryDirectory() as directory, CgnatLab(f"g{os.getpid() % 1000}{index}") as lab:
+        root = Path(directory)
+
+        def start(ns, name, **options):
+            daemons.append(start_daemon(lab, ns, root / name, **options))
+
+        try:
+            began = time.monotonic()
+            hosts = start_cgnat(lab, start, root)
+            private_s = time.monotonic() - began
+            pr = hosts["pr"][:2]
+            results = []
+            for name in ("host1", "host2"):
+                began = time.monotonic()
+                kind, attempts = connect(pr, hosts[name][2])
+                results.append({"connected": kind is not None, "direct": False, "private_s": private_s,
+                                "attempts": attempts, "first": kind, "began": began,
+                                "connect_s": time.monotonic() - began if kind else None})
+            deadline = time.monotonic() + PUNCH_WAIT
+            while time.monotonic() < deadline and not all(result["direct"] for result in results):
+                for name, result in zip(("host1", "host2"), results):
+                    if not result["direct"] and peer_connection(*pr, hosts[name][2]) in ("hole-punched", "direct"):
+                        result["direct"] = True
+                        result["punch_s"] = time.monotonic() - result["began"] - result["connect_s"]
+                time.sleep(0.25)
+            return results
+        except LabTimeout as error:
+            print(f"  trial {index}: {error}", file=sys.stderr)
+            return [{"connected": False, "direct": False}] * 2
         finally:
             for daemon in daemons:
                 daemon.stop()
@@ -131,6 +172,13 @@ def main() -> int:
             results.append(trial(symmetric, index))
             print(f"  {kind} trial {index}: {results[-1]}", file=sys.stderr)
         rows.append(summary(kind, results))
+    kept, remapped = [], []
+    for index in range(args.trials):
+        pair = cgnat_trial(index)
+        print(f"  cgnat trial {index}: {pair}", file=sys.stderr)
+        kept.append(pair[0])
+        remapped.append(pair[1])
+    rows += [summary("cgnat, port kept", kept), summary("cgnat, port remapped", remapped)]
     report("nat_netns", rows, meta={"trials": args.trials, "punch_wait_s": PUNCH_WAIT, **machine()})
     return 0
 

@@ -1,4 +1,5 @@
-"""What the `locomesh` subcommands share: the data dir argument and one-line failures."""
+"""What the `locomesh` subcommands share: the data dir argument, one-line failures, and tables that
+stay plain text for scripts and pipes but are drawn by rich on a terminal."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -66,8 +67,94 @@ def show_call(
         return no_daemon(error)
     except RpcCallError as error:
         return fail(f"{method} failed: {error.message}", EXIT_ERROR)
-    print(json.dumps(result, indent=2, sort_keys=True) if args.json else as_table(result))
+    if args.json:
+        print(json.dumps(result, indent=2, sort_keys=True))
+    else:
+        emit(as_table(result))
     return EXIT_OK
+
+
+def on_terminal() -> bool:
+    """Is our output a terminal (a person), not a pipe or a file (a script)? Decides whether rich draws."""
+    return sys.stdout.isatty()
+
+
+class TextTable(str):
+    """A table: the plain text scripts, pipes and tests read (it *is* that string), which keeps its
+    cells so that `emit` has rich draw it on a terminal instead."""
+
+    header: tuple[str, ...] | None  # None: "label  value" pairs
+    rows: list[tuple[str, ...]]
+
+    def __new__(cls, text: str, header: tuple[str, ...] | None, rows: list[tuple[str, ...]]) -> TextTable:
+        table = super().__new__(cls, text)
+        table.header, table.rows = header, rows
+        return table
+
+    @classmethod
+    def columns(cls, header: Sequence[str], rows: Sequence[Sequence[Any]]) -> TextTable:
+        """A header row and rows, each column as wide as its widest cell, two spaces apart."""
+        cells = [tuple(header), *(tuple(str(cell) for cell in row) for row in rows)]
+        widths = [max(len(row[column]) for row in cells) for column in range(len(header))]
+        text = "\n".join("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in cells)
+        return cls(text, cells[0], cells[1:])
+
+    @classmethod
+    def pairs(cls, rows: Sequence[tuple[str, Any]]) -> TextTable:
+        """Lines of "label  value", the values aligned."""
+        width = max(len(label) for label, _ in rows)
+        text = "\n".join(f"{label:<{width}}  {value}" for label, value in rows)
+        return cls(text, None, [(label, str(value)) for label, value in rows])
+
+    def to_rich(self) -> Any:
+        """The same cells as a `rich.table.Table` (cells as `Text`: a "[...]" in a value is not markup)."""
+        from rich import box
+        from rich.table import Table
+        from rich.text import Text
+
+        if self.header is None:
+            table = Table.grid(padding=(0, 2))
+            table.add_column(style="bold cyan")
+            table.add_column()
+        else:
+            table = Table(box=box.SIMPLE_HEAD, header_style="bold", pad_edge=False)
+            for column, name in enumerate(self.header):
+                numbers = all(_number(row[column]) for row in self.rows) and bool(self.rows)
+                table.add_column(name, justify="right" if numbers else "left")  # digits line up
+        for row in self.rows:
+            table.add_row(*(Text(cell) for cell in row))
+        return table
+
+
+def _number(cell: str) -> bool:
+    """Does the cell read as a number ("-" for none, a unit after it: "94 KiB")?"""
+    if cell == "-":
+        return True
+    try:
+        float(cell.split(" ")[0])
+    except ValueError:
+        return False
+    return True
+
+
+def emit(text: str) -> None:
+    """Print `text`, or draw it with rich when it is a `TextTable` and our output is a terminal."""
+    if isinstance(text, TextTable) and on_terminal():
+        from rich.console import Console
+
+        Console().print(text.to_rich())
+    else:
+        print(text)
+
+
+def human_size(count: int) -> str:
+    """A byte count as people read it: ``10 B``, ``1.5 KiB``, ``3.2 MiB``, ``1.1 GiB``."""
+    value = float(count)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
 
 
 def peer_name(key_hex: str) -> str:

@@ -26,9 +26,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _subcommand_modules() -> list:
     # Subcommand modules are added here as they are written.
-    from . import data_cmd, node_cmd, run_audit, run_cmd, run_state, sim, status_cmd, swarm_cmd
+    from . import data_cmd, node_cmd, report_cmd, run_audit, run_cmd, run_state, sim, status_cmd, swarm_cmd, ui_cmd, watch_cmd
 
-    return [node_cmd, status_cmd, swarm_cmd, run_cmd, run_state, run_audit, data_cmd, sim]
+    return [node_cmd, status_cmd, swarm_cmd, run_cmd, run_state, run_audit, watch_cmd, report_cmd, data_cmd, sim, ui_cmd]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -19,10 +19,15 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Callable
+from contextlib import nullcontext
 from typing import Any
 
+from locomesh.node.transfer.states import RUNNING_STATES
+
 from .client import DEFAULT_TIMEOUT, EXIT_ERROR, EXIT_OK, EXIT_USAGE, DaemonNotRunning, RpcCallError, RpcClient
-from .common import add_run_action, data_dir_of, fail, no_daemon, peer_name
+from .common import add_run_action, data_dir_of, fail, no_daemon, on_terminal, peer_name
+from .progress import open_view
 
 # With --fetch: at most this many audits, each followed by the downloads of what it lacked (a state
 # fetched lets the replay go on to rounds whose payloads it then finds missing), and at most this
@@ -66,7 +71,8 @@ def audit_run(args: argparse.Namespace) -> int:
             wanted = sorted({m.hex() for r in reports for m in r.missing} - set(fetched))[:MAX_FETCHES]
             if attempt == passes or not wanted:
                 break
-            fetched.update(fetch_checkpoints(args, wanted))
+            with open_view(rich=True) if on_terminal() and not args.json else nullcontext() as view:
+                fetched.update(fetch_checkpoints(args, wanted, show=None if view is None else view.download))
     except AuditError as error:
         return fail(str(error), EXIT_ERROR)
     except DaemonNotRunning as error:
@@ -82,10 +88,12 @@ def audit_run(args: argparse.Namespace) -> int:
     return EXIT_ERROR if counts[MISMATCH] else EXIT_OK
 
 
-def fetch_checkpoints(args: argparse.Namespace, ids: list[str]) -> dict[str, str]:
+def fetch_checkpoints(args: argparse.Namespace, ids: list[str],
+                      show: Callable[[dict[str, Any]], None] | None = None) -> dict[str, str]:
     """Have the daemon download the checkpoints `ids` (hex) from `args.provider` or the DHT's
     providers (`checkpoint.fetch`: every chunk verified against its manifest); how each ended
-    ("done", "failed: ...", or "unfinished" after `args.wait` seconds)."""
+    ("done", "failed: ...", or "unfinished" after `args.wait` seconds). `show(progress)` is given
+    each download's progress at every look (a terminal's progress bars)."""
     client = RpcClient.for_data_dir(data_dir_of(args), timeout=DEFAULT_TIMEOUT)
     for checkpoint_id in ids:
         client.call("checkpoint.fetch", {"id": checkpoint_id, "providers": args.provider})
@@ -95,7 +103,9 @@ def fetch_checkpoints(args: argparse.Namespace, ids: list[str]) -> dict[str, str
         for checkpoint_id in ids:
             if checkpoint_id not in ended:
                 progress = client.call("checkpoint.progress", {"id": checkpoint_id})
-                if progress["state"] not in ("manifest", "chunks"):
+                if show is not None:
+                    show(progress)
+                if progress["state"] not in RUNNING_STATES:
                     ended[checkpoint_id] = "done" if progress["state"] == "done" else f"{progress['state']}: {progress['error']}"
         if len(ended) == len(ids) or time.monotonic() >= deadline:
             return {checkpoint_id: ended.get(checkpoint_id, "unfinished") for checkpoint_id in ids}

@@ -11,6 +11,12 @@ the data dir.
 
 ``--set key=value`` values are typed the way a person means them: ``true`` /
 ``false``, integers, decimals, and everything else a string.
+
+On a terminal, `run join` follows the join to this node's first round (`watch_cmd.follow_join`:
+downloads, the sync, the round's phases); piped, or with ``--json``, it prints its one line as it
+always did. Tables are `TextTable`s: plain text for scripts, drawn by rich on a terminal. The
+`state`, `audit`, `watch` and `report` actions live in their own modules (run_state, run_audit,
+watch_cmd, report_cmd).
 """
 
 from __future__ import annotations
@@ -22,10 +28,12 @@ import time
 from typing import Any
 
 from .client import EXIT_ERROR, EXIT_OK, EXIT_USAGE, DaemonNotRunning, RpcCallError, RpcClient
-from .common import add_data_dir_argument, data_dir_of, fail, no_daemon, peer_name
+from .common import TextTable, add_data_dir_argument, data_dir_of, emit, fail, no_daemon, on_terminal, peer_name
+from .run_view import round_line, round_table
 
 # Looking a run up in the DHT can take a while on a large network; creating one publishes it.
 RPC_TIMEOUT = 60.0
+FOLLOW_TIMEOUT = 900.0  # `run join --follow`: a sync and a whole round of a large model take minutes
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -67,6 +75,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     for sub in (create, listing, info, join, leave, status, export):
         add_data_dir_argument(sub)
         sub.add_argument("--json", action="store_true", help="print JSON")
+    join.add_argument("--follow", action=argparse.BooleanOptionalAction, default=None,
+                      help="show the join (finding the run, downloads, syncing its state) and wait for this node's "
+                           "first round (default: on a terminal, without --json)")
+    join.add_argument("--timeout", type=float, default=FOLLOW_TIMEOUT, metavar="SECONDS",
+                      help=f"with --follow: stop waiting for the first round after this long (default {FOLLOW_TIMEOUT:g})")
 
 
 def parse_setting(text: str) -> tuple[str, Any]:
@@ -136,7 +149,18 @@ def show_run(args: argparse.Namespace) -> int:
 
 @_exits
 def join_run(args: argparse.Namespace) -> int:
-    return _show(args, "run.join", {"run_id": args.run_id}, lambda result: f"joined; training from round {result['joins_at']}")
+    """Join; with `--follow` (the default on a terminal, never with `--json`) show the join and this
+    node's first round as they happen (`watch_cmd.follow_join`)."""
+    follow = args.follow if args.follow is not None else on_terminal() and not args.json
+    if not follow or args.json:
+        return _show(args, "run.join", {"run_id": args.run_id}, joined_text)
+    from .watch_cmd import follow_join
+
+    return _guarded(lambda: follow_join(_client(args), args.run_id, timeout=args.timeout, rich=on_terminal()), "run.join")
+
+
+def joined_text(result: dict[str, Any]) -> str:
+    return f"joined; training from round {result['joins_at']}"
 
 
 @_exits
@@ -146,7 +170,10 @@ def leave_run(args: argparse.Namespace) -> int:
 
 @_exits
 def run_status(args: argparse.Namespace) -> int:
-    return _show(args, "run.status", {"run_id": args.run_id}, format_status)
+    if args.json or not on_terminal():
+        return _show(args, "run.status", {"run_id": args.run_id}, format_status)
+    show_status(_call(args, "run.status", {"run_id": args.run_id}))
+    return EXIT_OK
 
 
 @_exits
@@ -160,12 +187,29 @@ def export_run(args: argparse.Namespace) -> int:
 def _show(args: argparse.Namespace, method: str, params: dict[str, Any], formatter: Any) -> int:
     """Call `method` and print its result as JSON (`--json`) or through `formatter`."""
     result = _call(args, method, params)
-    print(json.dumps(result, indent=2, sort_keys=True) if args.json else formatter(result))
+    if args.json:
+        print(json.dumps(result, indent=2, sort_keys=True))
+    else:
+        emit(formatter(result))
     return EXIT_OK
 
 
 def format_status(status: dict[str, Any]) -> str:
     """`run.status` as a summary line and one line per finished round."""
+    lines = [*_status_head(status), *(f"  {round_line(record)}" for record in status["history"]), *_score_lines(status)]
+    return "\n".join(lines)
+
+
+def show_status(status: dict[str, Any]) -> None:
+    """`run.status` on a terminal: as `format_status`, the rounds drawn as a rich table."""
+    print("\n".join(_status_head(status)))
+    if status["history"]:
+        emit(round_table(status["history"]))
+    if status.get("scores"):
+        print("\n".join(_score_lines(status)))
+
+
+def _status_head(status: dict[str, Any]) -> list[str]:
     lines = [
         f"run {status['run_id']}: {status['phase']}, state of round {status['round']} "
         f"(certified {status['certified']}), {status['members']} members, {status['peers']} peers connected"
@@ -178,28 +222,35 @@ def format_status(status: dict[str, Any]) -> str:
     if data:
         lines.append(f"  dataset {data['dataset'][:16]}: {data['shards_per_member']} of its {data['train_shards']} "
                      "train shards a round")
-    for record in status["history"]:
-        how = "synced" if record["synced"] else f"{record['contributors']} payloads"
-        loss = "-" if record["eval_loss"] is None else f"{record['eval_loss']:.4f}"
-        floor = "" if record["floor"] is None else f" (floor {record['floor']:.4f})"
-        lines.append(f"  round {record['round']:>4}: eval loss {loss}{floor}, {how}, {record['seconds']:.1f} s")
+    return lines
+
+
+def _score_lines(status: dict[str, Any]) -> list[str]:
     scores = status.get("scores") or {}
-    if scores:
-        lines.append("  contribution scores (loss change applied alone; newest rounds):")
+    lines = ["  contribution scores (loss change applied alone; newest rounds):"] if scores else []
     for member, history in sorted(scores.items()):
         rounds = ", ".join(f"r{row['round']} {row['score']:+.4f}" for row in history["rounds"])
         lines.append(f"    {peer_name(member)}  mean {history['mean']:+.4f}  {rounds}")
-    return "\n".join(lines)
+    return lines
 
 
 def _call(args: argparse.Namespace, method: str, params: dict[str, Any]) -> Any:
     """The method's result; on failure prints why and raises `_Failed`."""
+    return _guarded(lambda: _client(args).call(method, params), method)
+
+
+def _client(args: argparse.Namespace) -> RpcClient:
+    return RpcClient.for_data_dir(data_dir_of(args), timeout=RPC_TIMEOUT)
+
+
+def _guarded(work: Any, method: str = "") -> Any:
+    """`work()`'s result; a daemon that is gone or answers an error is printed and raises `_Failed`."""
     try:
-        return RpcClient.for_data_dir(data_dir_of(args), timeout=RPC_TIMEOUT).call(method, params)
+        return work()
     except DaemonNotRunning as error:
         raise _Failed(no_daemon(error)) from None
     except RpcCallError as error:
-        raise _Failed(fail(f"{method} failed: {error.message}", EXIT_ERROR)) from None
+        raise _Failed(fail(f"{method or 'the call'} failed: {error.message}", EXIT_ERROR)) from None
 
 
 def format_runs(runs: list[dict[str, Any]]) -> str:
@@ -211,8 +262,7 @@ def format_runs(runs: list[dict[str, Any]]) -> str:
         (run["short_id"], run["task"], run["name"] or "-", run["origin"], "yes" if run["public"] else "no", _when(run["created"]))
         for run in runs
     ]
-    widths = [max(len(row[column]) for row in [header, *rows]) for column in range(len(header))]
-    return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in [header, *rows])
+    return TextTable.columns(header, rows)
 
 
 def format_run(run: dict[str, Any]) -> str:
@@ -231,8 +281,7 @@ def format_run(run: dict[str, Any]) -> str:
     ]
     rows += [(f"task.{key}", value) for key, value in sorted(manifest["task_config"].items())]
     rows += [(f"hparams.{key}", value) for key, value in sorted(manifest["hparams"].items())]
-    width = max(len(label) for label, _ in rows)
-    return "\n".join(f"{label:<{width}}  {value}" for label, value in rows)
+    return TextTable.pairs(rows)
 
 
 def _when(created: int) -> str:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from .common import add_run_action, show_call
+from .common import TextTable, add_run_action, show_call
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -45,5 +45,4 @@ def format_state(state: dict[str, Any]) -> str:
     rows += [("member", member) for member in state["members"]]
     rows += [("banned", author) for author in state["banned"]]
     rows += [(f"hparams.{key}", value) for key, value in sorted(state["hparams"].items())]
-    width = max(len(label) for label, _ in rows)
-    return "\n".join(f"{label:<{width}}  {value}" for label, value in rows)
+    return TextTable.pairs(rows)

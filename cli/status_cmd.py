@@ -10,7 +10,8 @@ import argparse
 import time
 from typing import Any
 
-from .common import add_data_dir_argument, show_call
+from .common import TextTable, add_data_dir_argument, human_size, show_call
+from .peers_cmd import add_subcommands
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -22,6 +23,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         add_data_dir_argument(parser)
         parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
         parser.set_defaults(handler=handler)
+        if name == "peers":
+            add_subcommands(parser)
 
 
 def show_status(args: argparse.Namespace) -> int:
@@ -39,7 +42,7 @@ def format_status(status: dict[str, Any]) -> str:
         ("version", status.get("version")),
         ("uptime", _duration(status.get("uptime_s", 0))),
         ("peers connected", status.get("peers_connected")),
-        ("bytes in / out", f"{_size(status.get('bytes_in', 0))} / {_size(status.get('bytes_out', 0))}"),
+        ("bytes in / out", f"{human_size(status.get('bytes_in', 0))} / {human_size(status.get('bytes_out', 0))}"),
         ("protocol errors", status.get("protocol_errors")),
         ("services", ", ".join(status.get("services", [])) or "-"),
         ("runs", ", ".join(str(run) for run in status.get("runs", [])) or "-"),
@@ -48,8 +51,7 @@ def format_status(status: dict[str, Any]) -> str:
     for label, key in (("listening on", "listen_addrs"), ("observed as", "observed_addrs")):
         addresses = status.get(key) or ["-"]
         rows.extend((label if index == 0 else "", address) for index, address in enumerate(addresses))
-    width = max(len(label) for label, _ in rows)
-    return "\n".join(f"{label:<{width}}  {value}" for label, value in rows)
+    return TextTable.pairs(rows)
 
 
 def _nat_rows(status: dict[str, Any]) -> list[tuple[str, Any]]:
@@ -101,9 +103,7 @@ def format_peers(peers: list[dict[str, Any]]) -> str:
         )
         for peer in peers
     ]
-    widths = [max(len(row[column]) for row in [header, *rows]) for column in range(len(header))]
-    lines = ("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in [header, *rows])
-    return "\n".join(lines)
+    return TextTable.columns(header, rows)
 
 
 def _duration(seconds: float) -> str:
@@ -111,12 +111,3 @@ def _duration(seconds: float) -> str:
     hours, rest = divmod(seconds, 3600)
     minutes, seconds = divmod(rest, 60)
     return f"{hours}h {minutes:02d}m {seconds:02d}s" if hours else f"{minutes}m {seconds:02d}s"
-
-
-def _size(count: int) -> str:
-    value = float(count)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")

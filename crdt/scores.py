@@ -35,6 +35,7 @@ from .view import RunState
 
 SCORING_COMMITTEE = 3  # measurers per round: a median of three outvotes one liar
 SCORE_HISTORY = 10  # certified rounds `run status` shows scores for
+CONTRIBUTION_HISTORY = 100  # certified rounds `run status` counts accepted contributions over (as its history)
 
 
 def scoring_committee(certificate: Certificate) -> list[bytes]:
@@ -91,3 +92,16 @@ def scores_json(facts: Facts, state: RunState, last: int = SCORE_HISTORY) -> dic
         }
         for author, rows in sorted(history.items())
     }
+
+
+def accepted_counts(state: RunState, last: int = CONTRIBUTION_HISTORY) -> dict[bytes, int]:
+    """Member -> in how many of the newest `last` certified rounds (of those whose certificate the
+    state holds) the certified set held its contribution (`Certificate.accepted`: the set the round
+    agreed to aggregate, before the aggregator leaves out what it finds invalid): what `run report`
+    plots per member."""
+    counts: dict[bytes, int] = {}
+    for round_ in range(max(1, state.round - last + 1), state.round + 1):
+        certificate = state.certificates.get(round_)
+        for author in () if certificate is None else sorted(certificate.accepted):
+            counts[author] = counts.get(author, 0) + 1
+    return counts

@@ -37,7 +37,8 @@ def to_json(report: dict[str, Any]) -> str:
     return json.dumps(report, indent=2, sort_keys=True) + "\n"
 
 
-def to_markdown(report: dict[str, Any]) -> str:
+def to_markdown(report: dict[str, Any], appendix: Sequence[str] = ()) -> str:
+    """The report as markdown: its summary, each table, then the `appendix` lines (the CLI's plots)."""
     lines = [f"# netsim: {report['scenario']}", ""]
     lines += [f"- **{key}**: {_cell(value)}" for key, value in report["summary"].items()]
     for entry in report["tables"]:
@@ -47,16 +48,25 @@ def to_markdown(report: dict[str, Any]) -> str:
         lines.append("| " + " | ".join(entry["columns"]) + " |")
         lines.append("|" + "---|" * len(entry["columns"]))
         lines += ["| " + " | ".join(_cell(value) for value in row) + " |" for row in entry["rows"]]
+    if appendix:
+        lines += ["", *appendix]
     return "\n".join(lines) + "\n"
 
 
-def write(report: dict[str, Any], path: str | Path) -> list[Path]:
-    """Write `path` as JSON and the same name with ``.md`` as markdown; returns both paths."""
+def write(report: dict[str, Any], path: str | Path, appendix: Sequence[str] = ()) -> list[Path]:
+    """Write `path` as JSON and the same name with ``.md`` as markdown (`appendix` lines at its end);
+    returns both paths."""
     json_path = Path(path)
     md_path = json_path.with_suffix(".md")
     atomic_write(json_path, to_json(report).encode())
-    atomic_write(md_path, to_markdown(report).encode())
+    atomic_write(md_path, to_markdown(report, appendix).encode())
     return [json_path, md_path]
+
+
+def table_rows(report: dict[str, Any], title: str) -> list[dict[str, Any]] | None:
+    """The rows of the report's table `title`, each as {column: value}; None if it has no such table."""
+    entry = next((entry for entry in report["tables"] if entry["title"] == title), None)
+    return None if entry is None else [dict(zip(entry["columns"], row)) for row in entry["rows"]]
 
 
 def _cell(value: Any) -> str:

@@ -35,8 +35,10 @@ from locomesh.node.files import remove_stray_temporaries
 
 from locomesh.node.assembly import node_services
 from locomesh.node.config import NodeConfig
+from locomesh.node.dashboard import Dashboard
 from locomesh.node.datadir import DataDir, RpcInfo, load_or_create_identity
 from locomesh.node.host import addresses_in_use
+from locomesh.node.ping import PingService
 from locomesh.node.rpc.dispatch import RpcDispatcher
 from locomesh.node.rpc.server import RpcServer
 from locomesh.node.runtime import AddressInUse, Node
@@ -83,6 +85,11 @@ def run_daemon(config: NodeConfig, *, services: ServiceFactory = default_service
         datadir.unlock()
 
 
+def _ping_service(services: Sequence[Service]) -> PingService | None:
+    """The node's ping service among `services` (what the dashboard measures round trips with), if any."""
+    return next((service for service in services if isinstance(service, PingService)), None)
+
+
 def _remove_stray_temporaries(datadir: DataDir) -> None:
     """Delete what writes cut short by a crash left (we hold the lock: nobody else writes here)."""
     removed = remove_stray_temporaries(datadir.path, older_than=time.time())
@@ -91,10 +98,11 @@ def _remove_stray_temporaries(datadir: DataDir) -> None:
 
 
 async def _serve(config: NodeConfig, datadir: DataDir, identity: Identity, services: ServiceFactory) -> None:
+    built = services(config)
     node = Node.create(
         identity,
         listen_addrs=[Multiaddr(address) for address in config.listen],
-        services=services(config),
+        services=built,
         bootstrap=[Multiaddr(address) for address in config.bootstrap],
     )
     register_node_methods(node)
@@ -102,11 +110,14 @@ async def _serve(config: NodeConfig, datadir: DataDir, identity: Identity, servi
     rejected = node.metrics.counter(
         "locomesh_rpc_rejected_total", "RPC requests refused, by reason.", labels=("reason",)
     )
+    count_call = lambda method: requests.inc(method=method)  # noqa: E731
+    reject = lambda reason: rejected.inc(reason=reason)  # noqa: E731
     server = RpcServer(
-        RpcDispatcher(node.rpc, on_call=lambda method: requests.inc(method=method)),
+        RpcDispatcher(node.rpc, on_call=count_call),
         cookie=datadir.new_cookie(),
-        render_metrics=node.metrics.render,
-        on_reject=lambda reason: rejected.inc(reason=reason),
+        metrics=node.metrics,
+        on_reject=reject,
+        site=Dashboard(node, ping=_ping_service(built), on_call=count_call, on_reject=reject),
     )
     async with trio.open_nursery() as guards:
         guards.start_soon(_watch_signals, node)
@@ -116,7 +127,7 @@ async def _serve(config: NodeConfig, datadir: DataDir, identity: Identity, servi
                 await nursery.start(node.run)
                 port = await nursery.start(server.run, config.rpc_port)
                 datadir.write_rpc_info(RpcInfo(port=port, pid=os.getpid(), peer_id=node.peer_id))
-                logger.info("ready: peer %s, RPC on 127.0.0.1:%d, data dir %s", node.peer_id, port, config.data_dir)
+                logger.info("ready: peer %s, RPC and dashboard on 127.0.0.1:%d, data dir %s", node.peer_id, port, config.data_dir)
                 await node.wait_stop_requested()
                 logger.info("shutting down")
                 server.stop()

@@ -40,12 +40,12 @@ from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
 from libp2p.security.noise.transport import Transport as NoiseTransport
 from libp2p.stream_muxer.yamux.yamux import PROTOCOL_ID as YAMUX_PROTOCOL_ID
 from libp2p.stream_muxer.yamux.yamux import Yamux
-from libp2p.transport.tcp.tcp import TCP
 from multiaddr import Multiaddr
 
 from locomesh.protocol import Identity
 
 from locomesh.node.meter import ByteMeter, MeteredTransport
+from locomesh.node.nat.listen_port import ListenPortTCP
 
 DIAL_TIMEOUT = 10.0
 UPGRADE_TIMEOUT = 10.0
@@ -61,7 +61,7 @@ def build_host(
 ) -> IHost:
     """A py-libp2p host for `identity`: Noise only, Yamux, one connection per peer.
 
-    `transports` defaults to ``[TCP()]``; each is wrapped so that `meter`
+    `transports` defaults to ``[ListenPortTCP()]`` (TCP dialling from our listen port); each is wrapped so that `meter`
     (a fresh one if None; read it back from the wrapper or pass your own)
     counts its traffic. `listen_addrs` is what the host will later be run
     with; py-libp2p looks at it when it builds the swarm.
@@ -69,7 +69,7 @@ def build_host(
     key_pair = create_new_key_pair(identity.seed)
     noise = NoiseTransport(key_pair, noise_privkey=create_new_x25519_key_pair().private_key)
     meter = meter if meter is not None else ByteMeter()
-    metered = [MeteredTransport(transport, meter) for transport in (transports or [TCP()])]
+    metered = [MeteredTransport(transport, meter) for transport in (transports or [ListenPortTCP()])]
     return new_host(
         key_pair=key_pair,
         sec_opt={NOISE_PROTOCOL_ID: noise},

@@ -6,7 +6,8 @@ accepts has its byte stream replaced by a `CountingStream`, which adds what
 passes through `read` and `write` to one shared `ByteMeter`. The counts are
 wire bytes: Noise handshakes and tags, Yamux headers, multistream
 negotiation and Identify are all included, which is what a volunteer paying
-for bandwidth cares about.
+for bandwidth cares about. Each `CountingStream` also keeps the totals of its
+own connection, which `connection_bytes` finds under a swarm connection.
 
 The same wrapping puts a `WholeWriteStream` under the counter, so that no
 write on a connection is cut short by a cancelled writer (`whole_writes`
@@ -40,20 +41,24 @@ class ByteMeter:
 
 
 class CountingStream(ReadWriteCloser):
-    """A connection's byte stream that adds its traffic to a `ByteMeter`."""
+    """A connection's byte stream that adds its traffic to a `ByteMeter`, and keeps its own totals."""
 
     def __init__(self, inner: ReadWriteCloser, meter: ByteMeter) -> None:
         self._inner = inner
         self._meter = meter
+        self.bytes_in = 0
+        self.bytes_out = 0
 
     async def read(self, n: int | None = None) -> bytes:
         data = await self._inner.read(n)
         self._meter.bytes_in += len(data)
+        self.bytes_in += len(data)
         return data
 
     async def write(self, data: bytes) -> None:
         await self._inner.write(data)
         self._meter.bytes_out += len(data)
+        self.bytes_out += len(data)
 
     async def close(self) -> None:
         await self._inner.close()
@@ -109,3 +114,25 @@ class MeteredTransport(ITransport):
 
 def _wrapped(stream: ReadWriteCloser, meter: ByteMeter) -> CountingStream:
     return CountingStream(WholeWriteStream(stream), meter)
+
+
+# Where py-libp2p 0.8.1 keeps the raw connection under a swarm connection:
+# muxed_conn (Yamux) -> secured_conn (Noise session) -> conn -> conn (RawConnection) -> stream.
+# Only that deep: a relayed connection's raw connection is a stream on the relay's connection, whose
+# own layers lead on to the relay's counts, which are not this connection's.
+_LAYERS = ("muxed_conn", "secured_conn", "conn", "stream", "read_writer")
+_MAX_DEPTH = 6
+
+
+def connection_bytes(conn: Any) -> tuple[int, int] | None:
+    """(bytes in, bytes out) on the wire of one swarm connection so far; None when it runs over no
+    `CountingStream` of ours (a relayed connection: its bytes count on the relay's connection)."""
+    layer = conn
+    for _ in range(_MAX_DEPTH):
+        if isinstance(layer, CountingStream):
+            return layer.bytes_in, layer.bytes_out
+        inner = next((vars(layer)[name] for name in _LAYERS if name in getattr(layer, "__dict__", {})), None)
+        if inner is None:
+            return None
+        layer = inner
+    return None

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from libp2p.abc import INetConn, INetStream, INetwork, INotifee
 from multiaddr import Multiaddr
 
-from locomesh.node.nat.connections import DIRECT, RELAYED, facts_of
+from locomesh.node.nat.connections import DIRECT, RELAYED, ConnectionFacts, facts_of
 
 HOLE_PUNCHED = "hole-punched"
 MAX_MET = 100_000  # peers remembered as met (the oldest are forgotten first)
@@ -49,6 +49,8 @@ class PeerTracker(INotifee):
         # peer -> `connects_total` when we first connected to it. A NAT's filter may still let in a
         # peer we once talked to, so the reachability check needs to know who is a stranger.
         self._first_met: OrderedDict[str, int] = OrderedDict()
+        # Called with the facts of a direct inbound connection from a peer we had never met.
+        self.stranger_listeners: list[Callable[[ConnectionFacts], None]] = []
 
     def peers(self) -> list[PeerEntry]:
         return sorted(self._peers.values(), key=lambda entry: entry.peer_id)
@@ -70,6 +72,9 @@ class PeerTracker(INotifee):
         if entry is None:
             self.connects_total += 1
             if facts.peer_id not in self._first_met:
+                if facts.direction == "inbound" and facts.kind == DIRECT:
+                    for listener in self.stranger_listeners:
+                        listener(facts)
                 self._first_met[facts.peer_id] = self.connects_total
                 if len(self._first_met) > MAX_MET:
                     self._first_met.popitem(last=False)

@@ -13,6 +13,7 @@ from locomesh.node.runtime import Node
 from locomesh.node.streams import read_frame_or_eof, write_frame
 from locomesh.protocol import encode
 from locomesh.protocol.kinds import PING
+from locomesh.node.transfer.states import RUNNING_STATES
 from locomesh.node.transfer.store import write_checkpoint
 
 LOOPBACK = [Multiaddr("/ip4/127.0.0.1/tcp/0")]
@@ -25,7 +26,7 @@ def small_checkpoint(directory, seed: int = 5) -> bytes:
 
 async def wait_finished(service: CheckpointService, checkpoint_id: bytes) -> dict:
     with trio.fail_after(30):
-        while service.downloads[checkpoint_id].state in ("manifest", "chunks"):
+        while service.downloads[checkpoint_id].state in RUNNING_STATES:
             await trio.sleep(0.02)
     return service.downloads[checkpoint_id].to_json()
 
@@ -92,3 +93,41 @@ async def test_a_manifest_that_does_not_hash_to_the_id_is_a_strike(tmp_path, ide
     assert progress["state"] == "failed" and "wrong-id" in progress["error"]
     score = asker.scores.get(liar.peer_id)
     assert score.strikes == 1 and score.score < 0 and "hash" in score.last_strike
+
+
+async def test_a_download_made_elsewhere_is_listed_with_the_services_own_and_how_it_ended(tmp_path):
+    """`tracked` (a run's dataset downloads, node/datasets/): shown by `checkpoint.progress` and
+    ``node.status``; an exception before the end marks it failed, a cancellation cancelled."""
+    service = CheckpointService(tmp_path)
+    failing, cancelled, done = b"\x01" * 32, b"\x02" * 32, b"\x03" * 32
+    try:
+        with service.tracked(failing) as progress:
+            progress.state = "chunks"
+            raise OSError("disk full")
+    except OSError:
+        pass
+    with trio.CancelScope() as scope:
+        with service.tracked(cancelled):
+            scope.cancel()
+            await trio.sleep(1)
+    with service.tracked(done) as progress:
+        progress.state = "done"
+    shown = {progress.checkpoint_id: progress.to_json() for progress in service.downloads.values()}
+    assert [shown[key]["state"] for key in (failing, cancelled, done)] == ["failed", "cancelled", "done"]
+    assert shown[failing]["error"] == "disk full" and shown[cancelled]["error"] is None
+    assert await service._rpc_progress(done.hex()) == shown[done]
+
+
+async def test_a_download_made_elsewhere_does_not_hide_a_running_one_of_the_same_checkpoint(tmp_path):
+    """While a download of a checkpoint runs, another one of it (a run's dataset) leaves it listed:
+    its progress does not disappear from `checkpoint.progress`."""
+    service = CheckpointService(tmp_path)
+    checkpoint_id = b"\x04" * 32
+    with service.tracked(checkpoint_id) as running:
+        running.state = "chunks"
+        with service.tracked(checkpoint_id) as second:
+            second.state = "done"
+            assert service.downloads[checkpoint_id] is running
+        running.state = "done"
+    with service.tracked(checkpoint_id) as after:  # the first has ended: a new one is listed
+        assert service.downloads[checkpoint_id] is after

@@ -16,7 +16,10 @@ behind its own nftables masquerade).
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -26,11 +29,13 @@ import pytest
 
 from locomesh.cli.daemon_process import DaemonProcess
 from .netns_lab import (
+    CgnatLab,
     LabUnavailable,
     NatLab,
     missing_tools,
     peer_connection,
     rpc,
+    start_cgnat,
     start_daemon,
     start_three,
     wait_private_with_reservation,
@@ -61,8 +66,10 @@ def lab_factory(tmp_path):
         def start(ns: str, name: str, **options: Any) -> DaemonProcess:
             daemon = start_daemon(lab, ns, tmp_path / name, **options)
             daemons.append(daemon)
+            start.by_name[name] = daemon  # type: ignore[attr-defined]
             return daemon
 
+        start.by_name = {}  # type: ignore[attr-defined]  # the latest daemon started under each name
         return lab, start
 
     yield make
@@ -79,6 +86,9 @@ def test_two_nodes_behind_nats_meet_through_the_relay_and_punch_a_hole(lab_facto
     relay_status = rpc(lab.relay_ns, tmp_path / "relay", "node.status")
     assert relay_status["relay"]["offering"] is True
     wait_private_with_reservation(lab, tmp_path, relay_id)
+    # The bootstrap node is public: the NATed hosts, strangers to it, dialled it (no probe needed).
+    reachability = rpc(lab.relay_ns, tmp_path / "relay", "node.status")["reachability"]
+    assert reachability["verdict"] == "public" and {e["dialer"] for e in reachability["evidence"]} & {first, second}
 
     # host2 looks host1 up in the DHT by peer ID: its direct address (behind NAT) fails, its relay address works.
     def connect() -> dict:
@@ -211,3 +221,82 @@ def test_a_node_behind_a_nat_pmp_router_maps_its_port_and_becomes_public(lab_fac
     finally:
         gateway.kill()
         gateway.wait(timeout=10)
+
+
+# --- behind a carrier-grade NAT, and a relay that restarts --------------------------------------
+
+
+@pytest.fixture
+def cgnat_lab(tmp_path):
+    """A `CgnatLab` with a relay, a port-restricted host and the two hosts behind the carrier, all private."""
+    reason = missing_tools()
+    if reason is not None:
+        pytest.skip(reason)
+    lab = CgnatLab(f"{os.getpid() % 10000}c")
+    daemons: list[DaemonProcess] = []
+
+    def start(ns: str, name: str, **options: Any) -> None:
+        daemons.append(start_daemon(lab, ns, tmp_path / name, **options))
+
+    try:
+        try:
+            lab.build()
+        except LabUnavailable as error:
+            pytest.skip(str(error))
+        yield lab, start_cgnat(lab, start, tmp_path)
+    finally:
+        for daemon in daemons:
+            daemon.stop()
+        lab.close()
+
+
+@pytest.mark.slow
+def test_two_hosts_behind_one_cgnat_on_the_same_port_both_punch_through_to_a_port_restricted_peer(cgnat_lab):
+    """Both homes listen at 192.168.30.2:4001; the carrier gave home2's port 4001 the outside port 3192.
+    Each host advertises where peers saw it, so the port-restricted host punches to both, each at its
+    own mapping, and nobody dials an address that is its own."""
+    from .netns_lab import CGNAT_PUBLIC_IP, PORT, REMAPPED_PORT
+
+    lab, hosts = cgnat_lab
+    pr_ns, pr_dir, _ = hosts["pr"]
+    connected_at = {}
+    for name in ("host1", "host2"):  # what `locomesh peers connect PEER_ID` does, run inside pr's namespace
+        command = [*lab.exec_prefix(pr_ns), sys.executable, "-m", "locomesh.cli.main", "peers", "connect",
+                   hosts[name][2], "--data-dir", str(pr_dir), "--json"]
+        answer = wait_until(f"pr connects to {name}", lambda: _json_if_ok(subprocess.run(command, capture_output=True, text=True, timeout=120)), 60)
+        assert answer == {"peer_id": hosts[name][2], "connection": "relayed"}
+        connected_at[name] = time.monotonic()
+    for name, expected_port in (("host1", PORT), ("host2", REMAPPED_PORT)):
+        peer_id = hosts[name][2]
+        deadline = 60 - (time.monotonic() - connected_at[name])
+        wait_until(f"pr and {name} hole-punched", lambda: peer_connection(pr_ns, pr_dir, peer_id) == "hole-punched", deadline)
+        [entry] = [peer for peer in rpc(pr_ns, pr_dir, "node.peers") if peer["peer_id"] == peer_id]
+        assert any(f"/ip4/{CGNAT_PUBLIC_IP}/tcp/{expected_port}" in address for address in entry["connection_addrs"]), entry
+    for name in ("host1", "host2"):
+        ns, data_dir, _ = hosts[name]
+        assert peer_connection(ns, data_dir, hosts["pr"][2]) == "hole-punched"
+
+
+def _json_if_ok(result: subprocess.CompletedProcess) -> Any:
+    return json.loads(result.stdout) if result.returncode == 0 else None
+
+
+@pytest.mark.slow
+def test_relayed_links_come_back_by_themselves_after_the_relay_restarts(lab_factory, tmp_path):
+    """Behind symmetric NATs only the relay connects the two hosts. host2 asks to keep its link to host1;
+    the relay dies and returns 20 s later; the link comes back with nobody asking again."""
+    from .netns_lab import PORT, PUBLIC_IP
+
+    lab, start = lab_factory(symmetric=True)
+    relay_id, first, second = start_three(lab, start, tmp_path)
+    wait_private_with_reservation(lab, tmp_path, relay_id)
+    host2 = (lab.host_ns[1], tmp_path / "host2")
+    keep = lambda: rpc(*host2, "nat.connect", {"peer_id": first, "keep": True})  # noqa: E731
+    assert wait_until("host2 connects to host1", keep, 60)["connection"] == "relayed"
+
+    start.by_name["relay"].stop()
+    wait_until("the link drops with the relay", lambda: peer_connection(*host2, first) is None, 30)
+    time.sleep(20)
+    start(lab.relay_ns, "relay", listen=f"/ip4/{PUBLIC_IP}/tcp/{PORT}", env={"LOCOMESH_RELAY": "on"})
+    wait_until("the relayed link is back", lambda: peer_connection(*host2, first) == "relayed", 120)
+    assert peer_connection(lab.host_ns[0], tmp_path / "host1", second) == "relayed"

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import re
 import struct
+from http import HTTPStatus
 
+import h11
 import pytest
 import trio
 from multiaddr import Multiaddr
 
 from locomesh.cli.status_cmd import format_status
-from locomesh.node.rpc.http11 import RequestParser, render_response
 from locomesh.node.nat import natpmp, upnp
 from locomesh.node.nat.http_client import Url, parse_response, render_request
 from locomesh.node.nat.mapping_errors import MappingError
@@ -30,6 +31,29 @@ UPNP_EXTERNAL = "203.0.113.9"
 
 
 # --- responders -----------------------------------------------------------------------------
+
+
+async def _read_request(stream: trio.SocketStream) -> tuple[str, dict[str, str], bytes]:
+    """One HTTP request from `stream`, read with h11: (method, headers by lower-case name, body)."""
+    connection = h11.Connection(h11.SERVER)
+    method, headers, body = "", {}, b""
+    while True:
+        event = connection.next_event()
+        if event is h11.NEED_DATA:
+            connection.receive_data(await stream.receive_some(65536))
+        elif isinstance(event, h11.Request):
+            method = event.method.decode()
+            headers = {name.decode(): value.decode() for name, value in event.headers}
+        elif isinstance(event, h11.Data):
+            body += event.data
+        elif isinstance(event, h11.EndOfMessage):
+            return method, headers, body
+
+
+def _response(status: int, body: bytes) -> bytes:
+    """An HTTP/1.1 answer carrying `body` as XML, closing the connection."""
+    head = f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\nContent-Length: {len(body)}\r\n"
+    return (head + "Content-Type: text/xml\r\nConnection: close\r\n\r\n").encode() + body
 
 
 class FakeNatPmp:
@@ -169,16 +193,12 @@ class FakeIgd:
                 await sock.sendto(reply.encode(), sender)
 
     async def _http(self, stream: trio.SocketStream) -> None:
-        parser = RequestParser()
-        request = None
-        while request is None:
-            parser.receive_data(await stream.receive_some(65536))
-            request = parser.next_request()
-        if request.method == "GET":
+        method, headers, body = await _read_request(stream)
+        if method == "GET":
             await stream.send_all(self._description())
         else:
-            status, body = self._control(request.headers["soapaction"], request.body)
-            await stream.send_all(render_response(status, body, content_type="text/xml", keep_alive=False))
+            status, body = self._control(headers["soapaction"], body)
+            await stream.send_all(_response(status, body))
         await stream.aclose()
 
     def _description(self) -> bytes:
@@ -192,7 +212,7 @@ class FakeIgd:
             pieces = [body[i : i + 100] for i in range(0, len(body), 100)]
             chunks = b"".join(b"%x\r\n%s\r\n" % (len(piece), piece) for piece in pieces)
             return b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + chunks + b"0\r\n\r\n"
-        return render_response(200, body, content_type="text/xml", keep_alive=False)
+        return _response(200, body)
 
     def _control(self, soap_action: str, body: bytes) -> tuple[int, bytes]:
         action = soap_action.strip('"').split("#")[1]

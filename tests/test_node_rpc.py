@@ -1,4 +1,5 @@
-"""The JSON-RPC dispatcher (malformed input → the right error code) and the metrics registry."""
+"""The JSON-RPC dispatcher (malformed input → the right error code), the metrics registry, and the
+server over real sockets."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import json
 import math
 
 import pytest
+import trio
+from prometheus_client.parser import text_string_to_metric_families
 
 from locomesh.node.metrics import MAX_SERIES, Metrics
 from locomesh.node.rpc.dispatch import (
@@ -19,6 +22,7 @@ from locomesh.node.rpc.dispatch import (
     RpcError,
     RpcRegistry,
 )
+from locomesh.node.rpc.server import RpcServer
 
 
 def make_dispatcher():
@@ -136,6 +140,13 @@ def test_registry_refuses_bad_registrations():
         registry.register("a.c", not_async)
 
 
+def scraped(metrics: Metrics) -> str:
+    """What ``GET /metrics`` serves a scraper that asks for no format: the Prometheus text format."""
+    body, content_type = metrics.exposition(None)
+    assert content_type.startswith("text/plain; version=0.0.4")
+    return body.decode("utf-8")
+
+
 def test_metrics_render_in_the_prometheus_text_format():
     metrics = Metrics()
     requests = metrics.counter("x_requests_total", "Requests.", labels=("method",))
@@ -144,18 +155,24 @@ def test_metrics_render_in_the_prometheus_text_format():
     requests.inc(method='we"ird\\')
     requests.inc(2, method="a")
     level.set(math.inf)
-    assert metrics.render() == (
+    text = scraped(metrics)
+    assert text == (
         "# HELP x_requests_total Requests.\n"
         "# TYPE x_requests_total counter\n"
-        'x_requests_total{method="a"} 2\n'
-        'x_requests_total{method="we\\"ird\\\\"} 1\n'
+        'x_requests_total{method="a"} 2.0\n'
+        'x_requests_total{method="we\\"ird\\\\"} 1.0\n'
         "# HELP x_up Up?\\nreally\n"
         "# TYPE x_up gauge\n"
-        "x_up 1\n"
+        "x_up 1.0\n"
         "# HELP x_level Level.\n"
         "# TYPE x_level gauge\n"
         "x_level +Inf\n"
     )
+    parsed = {family.name: family for family in text_string_to_metric_families(text)}
+    assert parsed["x_requests"].samples[1].labels == {"method": 'we"ird\\'}  # escaped, and back
+    body, content_type = metrics.exposition("application/openmetrics-text; version=1.0.0")
+    assert content_type.startswith("application/openmetrics-text") and body.endswith(b"# EOF\n")
+    assert metrics.exposition(None)[1].startswith("text/plain; version=0.0.4")
 
 
 def test_metric_series_are_capped_and_names_checked():
@@ -175,41 +192,129 @@ def test_metric_series_are_capped_and_names_checked():
         metrics.counter("x_total", "again")
 
 
+async def _exchange(port: int, request: bytes, *, half_close: bool = False) -> bytes:
+    """Send `request` on a new connection; everything the server answers until it closes (or 10 s)."""
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    chunks = []
+    async with stream:
+        await stream.send_all(request)
+        if half_close:
+            await stream.send_eof()
+        with trio.move_on_after(10):
+            while chunk := await stream.receive_some(65536):
+                chunks.append(chunk)
+    return b"".join(chunks)
+
+
 async def test_the_rpc_server_over_real_sockets(nursery):
-    import trio
-
-    from locomesh.node.rpc.server import RpcServer
-
     dispatcher, _ = make_dispatcher()
+    metrics = Metrics()
+    metrics.gauge("m", "M.", value=lambda: 1)
     rejected: list[str] = []
-    server = RpcServer(
-        dispatcher, cookie="c" * 64, render_metrics=lambda: "m 1\n", on_reject=rejected.append, max_connections=2
-    )
+    server = RpcServer(dispatcher, cookie="c" * 64, metrics=metrics, on_reject=rejected.append)
     port = await nursery.start(server.run)
     auth = b"Authorization: Bearer " + b"c" * 64 + b"\r\n"
-    host = b"Host: 127.0.0.1:%d\r\n" % port
-
-    async def exchange(request: bytes) -> bytes:
-        stream = await trio.open_tcp_stream("127.0.0.1", port)
-        async with stream:
-            await stream.send_all(request)
-            with trio.fail_after(10):
-                return await stream.receive_some(65536)
+    host = b"Host: 127.0.0.1:%d\r\nConnection: close\r\n" % port
 
     notification = b'{"jsonrpc":"2.0","method":"test.add","params":[1]}'
     head = b"POST / HTTP/1.1\r\n" + host + auth + b"Content-Length: %d\r\n\r\n" % len(notification)
-    answer = await exchange(head + notification)
-    assert answer.startswith(b"HTTP/1.1 204 No Content\r\n")
-    assert (await exchange(b"GET / HTTP/1.1\r\n" + host + b"\r\n")).startswith(b"HTTP/1.1 405 ")
-    assert (await exchange(b"POST /metrics HTTP/1.1\r\n" + host + b"\r\n")).startswith(b"HTTP/1.1 405 ")
-    assert (await exchange(b"GET /metrics HTTP/1.1\r\n" + host + b"\r\n")).endswith(b"\r\n\r\nm 1\n")
+    assert (await _exchange(port, head + notification)).startswith(b"HTTP/1.1 204 ")
+    call = b'{"jsonrpc":"2.0","id":3,"method":"test.add","params":[1,2]}'
+    head = b"POST / HTTP/1.1\r\n" + host + auth + b"Content-Length: %d\r\n\r\n" % len(call)
+    assert (await _exchange(port, head + call)).endswith(b'{"jsonrpc":"2.0","id":3,"result":3}')
+    assert (await _exchange(port, b"GET / HTTP/1.1\r\n" + host + b"\r\n")).startswith(b"HTTP/1.1 405 ")
+    assert (await _exchange(port, b"POST /metrics HTTP/1.1\r\n" + host + b"\r\n")).startswith(b"HTTP/1.1 405 ")
+    assert (await _exchange(port, b"GET /metrics HTTP/1.1\r\n" + host + b"\r\n")).endswith(b"\r\n\r\n# HELP m M.\n# TYPE m gauge\nm 1.0\n")
+    upgrade = b"Connection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\n"
+    upgrade += b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nHost: 127.0.0.1:%d\r\n\r\n" % port
+    assert (await _exchange(port, b"GET /metrics HTTP/1.1\r\n" + upgrade)).startswith(b"HTTP/1.1 403 ")
+    chunked = b"POST / HTTP/1.1\r\n" + host + auth + b"Transfer-Encoding: chunked\r\n\r\n"
+    chunk = b"%x\r\n%s\r\n" % (64 * 1024, b" " * 64 * 1024)
+    assert (await _exchange(port, chunked + chunk * 17 + b"0\r\n\r\n")).startswith(b"HTTP/1.1 413 ")  # no length said
+    assert rejected == ["too-large"]
+    long_query = b"GET /metrics?" + b"q" * 60_000 + b" HTTP/1.1\r\n" + host + b"\r\n"  # one piece: no parser cap
+    assert (await _exchange(port, long_query)).startswith(b"HTTP/1.1 431 ")
+    assert rejected == ["too-large", "too-large"]
+    server.stop()
 
+
+def _slow_dispatcher() -> tuple[RpcDispatcher, trio.Event, trio.Event]:
+    """A dispatcher whose ``test.slow`` sets the first event once called, then answers "done" once the
+    second is set (or after 10 s)."""
+    entered, release = trio.Event(), trio.Event()
+    registry = RpcRegistry()
+
+    async def slow() -> str:
+        entered.set()
+        with trio.move_on_after(10):
+            await release.wait()
+        return "done"
+
+    registry.register("test.slow", slow)
+    return RpcDispatcher(registry), entered, release
+
+
+def _rpc_request(port: int, body: bytes, *, cookie: bytes = b"c" * 64) -> bytes:
+    head = b"POST / HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nConnection: close\r\n" % port
+    head += b"Authorization: Bearer " + cookie + b"\r\nContent-Length: %d\r\n\r\n" % len(body)
+    return head + body
+
+
+async def test_a_slow_call_survives_a_flood_of_half_closing_clients(nursery, caplog):
+    """Hypercorn 0.18 raises `BusyResourceError` when a client half-closes while its answer goes out;
+    that ends its own connection only, not a call in flight on another, and is logged once a minute
+    at most."""
+    dispatcher, entered, release = _slow_dispatcher()
+    server = RpcServer(dispatcher, cookie="c" * 64, metrics=Metrics())
+    port = await nursery.start(server.run)
+    answers: list[bytes] = []
+
+    async def slow_call() -> None:
+        answers.append(await _exchange(port, _rpc_request(port, b'{"jsonrpc":"2.0","id":1,"method":"test.slow"}')))
+
+    async with trio.open_nursery() as calls:
+        calls.start_soon(slow_call)
+        await entered.wait()
+        host = b"Host: 127.0.0.1:%d\r\n" % port
+        for _ in range(20):
+            await _exchange(port, b"POST / HTTP/1.1\r\n" + host + b"Content-Length: 99999999\r\n\r\n", half_close=True)
+        release.set()
+    assert answers[0].endswith(b'{"jsonrpc":"2.0","id":1,"result":"done"}')
+    assert len([record for record in caplog.records if "connection failed" in record.message]) <= 1
+    server.stop()
+
+
+async def test_past_the_connection_cap_only_the_cookie_holder_is_served(nursery):
+    """With every slot held by stalled connections, a request without the cookie gets 503 and one
+    with it is served in a reserved slot; past the waiting slots, connections are closed at once."""
+    dispatcher, _ = make_dispatcher()
+    rejected: list[str] = []
+    server = RpcServer(
+        dispatcher, cookie="c" * 64, metrics=Metrics(), on_reject=rejected.append,
+        max_connections=2, reserved_connections=1, max_waiting=2,
+    )
+    port = await nursery.start(server.run)
     stalled = [await trio.open_tcp_stream("127.0.0.1", port) for _ in range(2)]
     for stream in stalled:
         await stream.send_all(b"POST / HTTP/1.1\r\n")
-    await trio.sleep(0.1)
-    assert (await exchange(b"GET /metrics HTTP/1.1\r\n" + host + b"\r\n")).startswith(b"HTTP/1.1 503 ")
+    await _wait_until(lambda: server._connections.taken == 2)
+    metrics = b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nConnection: close\r\n\r\n" % port
+    assert (await _exchange(port, metrics)).startswith(b"HTTP/1.1 503 ")
     assert rejected == ["busy"]
-    for stream in stalled:
+    answer = await _exchange(port, _rpc_request(port, b'{"jsonrpc":"2.0","id":1,"method":"test.add","params":[1,2]}'))
+    assert answer.endswith(b'{"jsonrpc":"2.0","id":1,"result":3}')
+    assert (await _exchange(port, _rpc_request(port, b"{}", cookie=b"d" * 64))).startswith(b"HTTP/1.1 503 ")
+    waiting = [await trio.open_tcp_stream("127.0.0.1", port) for _ in range(2)]
+    await _wait_until(lambda: server._waiting.taken == 2)
+    assert await _exchange(port, metrics) == b""  # no waiting slot left: closed without a word
+    assert rejected == ["busy"] * 3
+    for stream in stalled + waiting:
         await stream.aclose()
     server.stop()
+
+
+async def _wait_until(condition) -> None:
+    """Wait (10 s at most) until `condition()` holds: the server's tasks run on their own schedule."""
+    with trio.fail_after(10):
+        while not condition():
+            await trio.sleep(0.01)

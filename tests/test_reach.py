@@ -77,6 +77,17 @@ def test_a_dialback_makes_us_public_and_nothing_undoes_it():
     }
 
 
+def test_a_strangers_inbound_connection_makes_us_public_once_per_stranger():
+    clock = Clock()
+    tracker = ReachabilityTracker(now=clock)
+    tracker.on_stranger("/ip4/11.0.0.1/tcp/4001", "C")
+    tracker.on_stranger("/ip4/11.0.0.1/tcp/4001", "C")  # the same stranger again: one piece of evidence
+    assert tracker.verdict() == PUBLIC and tracker.confirmed_addrs() == ["/ip4/11.0.0.1/tcp/4001"]
+    assert [(e["outcome"], e["helper"], e["dialer"]) for e in tracker.status()["evidence"]] == [("confirmed", "", "C")]
+    clock.t += tracker.window + 1  # old evidence expires like any probe's
+    assert tracker.verdict() == UNKNOWN
+
+
 def test_dialbacks_that_prove_nothing_are_refused():
     clock = Clock()
     tracker = ReachabilityTracker(now=clock)

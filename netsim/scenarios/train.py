@@ -48,6 +48,7 @@ from typing import Any
 
 import trio
 
+from locomesh.crdt.scores import accepted_counts
 from locomesh.node.assembly import NodeServices, Pieces, node_services
 from locomesh.node.config import NodeConfig
 from locomesh.node.rounds.participation import RunParticipation
@@ -362,7 +363,7 @@ class _Run:
             "scenario": "train",
             "config": asdict(self.config),
             "summary": self._summary(),
-            "tables": [self._round_table(), self._node_table()],
+            "tables": [self._round_table(), self._node_table(), self._contribution_table()],
         }
 
     def _shares(self) -> list[float]:
@@ -438,6 +439,23 @@ class _Run:
                  "of the payloads the node committed in the run's rounds over the virtual seconds from its "
                  "first training to the last round. Held: what the node keeps of the run that peers sent or "
                  "made it keep (CRDT ops applied and waiting, checkpoint store files, payloads held in memory).",
+        )
+
+    def _contribution_table(self) -> dict:
+        """Per node (intruders too), how many certified rounds' certified sets held its payload, in the run state of
+        the first live honest member (certificates are the same on every honest peer)."""
+        keeper = next((p for m in self.members if not m.crashed and m.kind not in HOSTILE
+                       and (p := m.participation(self.run_id)) is not None), None)
+        state = None if keeper is None else keeper.replica.state
+        counts = {} if state is None else accepted_counts(state, last=state.round)
+        everyone = [(m.name, m.kind, m.node.identity.public_key) for m in self.members]
+        everyone += [(x.node.name, x.kind, x.node.identity.public_key) for x in self.intruders]
+        return table(
+            "Contributions",
+            ["node", "kind", "in certified set"],
+            [[name, kind, counts.get(key, 0)] for name, kind, key in everyone],
+            note=f"Certified rounds (of {0 if state is None else state.round}) whose certified set holds the node's "
+                 "payload: the set the round agreed to aggregate, before the aggregation leaves out invalid payloads.",
         )
 
     def _held_bytes(self, member: _Member) -> int:

@@ -36,7 +36,7 @@ import trio
 
 from locomesh.node.datasets import store as dataset_store
 from locomesh.node.runtime import Node
-from locomesh.node.transfer.download import DownloadError, DownloadProgress, Offload, download_checkpoint
+from locomesh.node.transfer.download import DownloadError, Offload, download_checkpoint
 from locomesh.node.transfer.service import CheckpointService
 from locomesh.node.transfer.store import checkpoint_ids, has_checkpoint, load_checkpoint, remove_checkpoint_ids
 from locomesh.training.checkpoint_manifest import CheckpointError, ManifestLimits
@@ -86,10 +86,10 @@ class DatasetFetcher:
             return
         assert self.checkpoints.scores is not None, "the checkpoint service runs"
         try:
-            with trio.fail_after(FETCH_TIMEOUT):
+            with self.checkpoints.tracked(checkpoint_id) as progress, trio.fail_after(FETCH_TIMEOUT):
                 providers = await self.checkpoints.find_providers(checkpoint_id)
                 await download_checkpoint(self.node, self.directory, checkpoint_id, providers,
-                                          scores=self.checkpoints.scores, progress=DownloadProgress(checkpoint_id),
+                                          scores=self.checkpoints.scores, progress=progress,
                                           offload=self.offload, limits=limits)
         except trio.TooSlowError:
             raise DataUnavailable(f"{what} {checkpoint_id.hex()}: no download in {FETCH_TIMEOUT:.0f} s") from None

@@ -42,8 +42,9 @@ from locomesh.node.streams import close_quietly, read_frame, write_frame
 from locomesh.protocol import Envelope, ProtocolError, decode, encode
 from locomesh.protocol.kinds import REACH_DELEGATE, REACH_DIALBACK, REACH_REQUEST, REACH_RESULT
 
-from locomesh.node.nat.addresses import addrs_at_ip, tcp_address, tcp_endpoint
-from locomesh.node.nat.connections import DIRECT, facts_of, facts_of_stream
+from locomesh.node.nat.addresses import addrs_at_ip, is_private_ip, tcp_address, tcp_endpoint
+from locomesh.node.nat.connections import DIRECT, ConnectionFacts, facts_of, facts_of_stream
+from locomesh.node.nat.listen_port import from_ephemeral_port
 from locomesh.node.nat.reachability import UNKNOWN, RateLimiter, ReachabilityTracker
 
 logger = logging.getLogger(__name__)
@@ -123,6 +124,7 @@ class ReachabilityService:
         self._node = node
         node.set_stream_handler(PROTOCOL_ID, self._handle, timeout=REQUEST_TIMEOUT + FRAME_TIMEOUT)
         node.add_status_field("reachability", self.tracker.status)
+        node.peers.stranger_listeners.append(self._stranger_connected)
         node.rpc.register("nat.probe", self._rpc_probe)
         task_status.started()
         await trio.sleep(self.first_delay)
@@ -138,6 +140,16 @@ class ReachabilityService:
             with trio.move_on_after(min(self.retry_interval * backoff, self.interval) if unsure else self.interval):
                 await self._wake.wait()
             self._wake = trio.Event()
+
+    def _stranger_connected(self, facts: ConnectionFacts) -> None:
+        """A stranger dialled us: evidence that we are public at our global listen address, if we have one."""
+        node = self._require_node()
+        for address in node.host.get_transport_addrs():
+            endpoint = tcp_endpoint(str(address).split("/p2p/")[0])
+            if endpoint is not None and not is_private_ip(endpoint[0]):
+                self.tracker.on_stranger(tcp_address(*endpoint), facts.peer_id)
+                logger.info("reachable at %s: %s, a peer we had never met, dialled us", tcp_address(*endpoint), facts.peer_id)
+                return
 
     def probe_soon(self) -> None:
         """Run the next probe round now: we have a new address to try (a gateway just mapped one)."""
@@ -265,7 +277,7 @@ class ReachabilityService:
         network = node.host.get_network()
         node.forget_failed_dials(str(target))
         try:
-            with trio.fail_after(DIAL_TIMEOUT):
+            with trio.fail_after(DIAL_TIMEOUT), from_ephemeral_port():
                 conn = await network.dial_addr(Multiaddr(f"{addr}/p2p/{target}"), target)
         except Exception as error:  # noqa: BLE001 - trio.TooSlowError and py-libp2p's many dial errors
             logger.debug("dial-back to %s at %s failed: %s", target, addr, error)

@@ -31,6 +31,14 @@ so a late or repeated message cannot undo a decision)::
     REFUTED       dialback                      CONFIRMED     a proof beats a report
     INCONCLUSIVE  dialback                      CONFIRMED
 
+A second kind of evidence needs no probe: a *stranger's inbound connection*
+(a peer we had never met dialled us, directly) at a listen address whose IP
+is global. With no NAT between us and the internet, nothing but our being
+reachable lets a stranger in, so it is recorded as a confirmed probe
+(`on_stranger`). This is how a bootstrap node, which everyone dials and whose
+peers are all connected to it (so no dialer of the probe above qualifies),
+learns that it is public.
+
 Verdict, over the finished probes of the last `window` seconds: *public* if
 any is CONFIRMED; *private* if at least `min_refutations` are REFUTED (and
 none confirmed); *unknown* otherwise. A lying helper can at worst make us
@@ -138,6 +146,14 @@ class ReachabilityTracker:
         if probe is None or dialer == probe.helper or opened_at < probe.sent_at or not probe.names_port_of(addr):
             return False
         return self._apply(probe, "dialback", addr=addr, dialer=dialer)
+
+    def on_stranger(self, addr: str, peer: str) -> None:
+        """A peer we had never met connected to us at `addr`, one of our global listen addresses."""
+        nonce = b"stranger:" + peer.encode()
+        if nonce in self._probes:
+            return
+        probe = self.start_probe(nonce, helper="", addrs=[addr])
+        self._apply(probe, "dialback", addr=addr, dialer=peer)
 
     def on_result(self, nonce: bytes, helper: str, outcome: str, addr: str, dialer: str) -> bool:
         """The helper's report; only the helper the probe was sent to may report on it."""

@@ -39,15 +39,15 @@ once, and per circuit a duration and a byte budget; py-libp2p enforces them
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import Any
 
 import trio
+from libp2p.identity.identify_push.identify_push import push_identify_to_peers
 from libp2p.peer.id import ID
 from libp2p.relay.circuit_v2.config import RelayConfig, RelayRole
-from libp2p.relay.circuit_v2.dcutr import DCUtRProtocol
 from libp2p.relay.circuit_v2.protocol import PROTOCOL_ID as HOP_PROTOCOL_ID
 from libp2p.relay.circuit_v2.protocol import STOP_PROTOCOL_ID
 from libp2p.relay.circuit_v2.resources import RelayLimits
@@ -62,6 +62,8 @@ from locomesh.node.streams import close_quietly, reset_quietly
 from locomesh.node.nat.addresses import is_relayed, tcp_endpoint
 from locomesh.node.nat.circuit_relay import CircuitRelay
 from locomesh.node.nat.connections import DIRECT, RELAYED, facts_of
+from locomesh.node.nat.hole_punch import HolePuncher
+from locomesh.node.nat.link_keeper import MAX_KEPT, LinkKeeper
 from locomesh.node.nat.reachability import PRIVATE, PUBLIC
 
 logger = logging.getLogger(__name__)
@@ -73,6 +75,8 @@ RESERVE_TIMEOUT = 10.0
 CONNECT_TIMEOUT = 10.0
 RELAY_DIAL_DELAY = 2.0  # direct dials get this head start over relayed ones
 MAX_CONNECT_ADDRS = 4
+LINK_CHECK_INTERVAL = 2.0
+RELINK_TIMEOUT = 3 * CONNECT_TIMEOUT  # a DHT lookup, then the dials
 
 
 class _Race:
@@ -164,6 +168,9 @@ class RelayService:
         self._protocol: CircuitRelay | None = None
         self._transport: CircuitV2Transport | None = None
         self._nursery: trio.Nursery | None = None  # where `connect`'s dials run
+        self._asked_to_keep: list[str] = []  # peers an RPC ``nat.connect`` asked us to keep linked to
+        self._wanted: list[Callable[[], Iterable[str]]] = [lambda: self._asked_to_keep]  # see `keep_linked`
+        self.links = LinkKeeper()
 
     async def run(self, node: Node, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         self._node = node
@@ -178,9 +185,10 @@ class RelayService:
             # py-libp2p registered its stop handler bare; an error escaping it would take the host down.
             node.host.set_stream_handler(STOP_PROTOCOL_ID, _contained(self._protocol._handle_stop_stream, node))
             if self.hole_punch:
-                await stack.enter_async_context(background_trio_service(DCUtRProtocol(node.host)))
+                await stack.enter_async_context(background_trio_service(HolePuncher(node.host)))
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
+                nursery.start_soon(self._keep_links)
                 task_status.started()
                 while True:
                     await self.adjust(nursery)
@@ -192,7 +200,7 @@ class RelayService:
         """Apply the module docstring's table once."""
         verdict = self._reachability()
         if not self.offering and (self.mode == "on" or (self.mode == "auto" and verdict == PUBLIC)):
-            self._offer_hop()
+            self._offer_hop(nursery)
         through_nat = verdict == PUBLIC and self._public_through_nat()
         if verdict == PUBLIC and not through_nat:
             self.reserved.clear()
@@ -207,7 +215,7 @@ class RelayService:
         proven_ips = [endpoint[0] for a in self._extra_addrs() if (endpoint := tcp_endpoint(a)) is not None]
         return bool(proven_ips) and not listen_ips.intersection(proven_ips)
 
-    def _offer_hop(self) -> None:
+    def _offer_hop(self, nursery: trio.Nursery) -> None:
         node, protocol = self._require_node(), self._protocol
         assert protocol is not None
         protocol.allow_hop = True
@@ -216,6 +224,14 @@ class RelayService:
         node.host.set_stream_handler(HOP_PROTOCOL_ID, _contained(protocol._handle_hop_stream, node))
         self.offering = True
         logger.info("offering a circuit relay (%s)", self.bounds)
+        # Peers learned our protocols when they met us (Identify), before the hop handler
+        # existed: without a push they would never count us among their relay candidates.
+        nursery.start_soon(self._announce_protocols)
+
+    async def _announce_protocols(self) -> None:
+        """Identify push to every connected peer, so each sees the protocols we speak now."""
+        with trio.move_on_after(CONNECT_TIMEOUT * 3):
+            await push_identify_to_peers(self._require_node().host)
 
     async def _keep_reservations(self, nursery: trio.Nursery) -> None:
         now = trio.current_time()
@@ -259,6 +275,46 @@ class RelayService:
             if HOP_PROTOCOL_ID in protocols:
                 found.append(peer_id)
         return found
+
+    # --- links we keep: dialled again when they drop ----------------------------------------
+
+    def keep_linked(self, peers: Callable[[], Iterable[str]]) -> None:
+        """Keep us connected to the peers `peers()` names at each check (e.g. a run's members), for good."""
+        self._wanted.append(peers)
+
+    async def _keep_links(self) -> None:
+        """Every `LINK_CHECK_INTERVAL` s, dial again the wanted peers we lost (`LinkKeeper` says who, when)."""
+        node = self._require_node()
+        while True:
+            wanted = [peer for source in self._wanted for peer in source() if peer != node.peer_id]
+            connected = {str(peer) for peer in node.host.get_connected_peers()}
+            for peer in self.links.due(wanted, connected, trio.current_time()):
+                self._require_nursery().start_soon(self._relink, peer)
+            await trio.sleep(LINK_CHECK_INTERVAL)
+
+    async def _relink(self, peer_id: str) -> None:
+        """One dial of a lost link: at its addresses in its DHT peer record (relayed ones too; the relay
+        may have come back at another address) and, if the DHT has none, those we knew, then `connect`."""
+        try:
+            with trio.move_on_after(RELINK_TIMEOUT):
+                try:
+                    addrs = await self.lookup_addrs(peer_id)
+                except RpcError:
+                    addrs = self._known_addrs(peer_id)
+                kind = await self.connect(peer_id, addrs)
+                logger.info("link to %s is back (%s)", peer_id, kind)
+        except Exception as error:  # noqa: BLE001 - DialError, RpcError (no record): tried again later
+            logger.debug("link to %s not back yet: %s", peer_id, error)
+        finally:
+            self.links.finished(peer_id, connected=peer_id in self._require_node().peers, now=trio.current_time())
+
+    def _known_addrs(self, peer_id: str) -> list[str]:
+        """The plain TCP addresses our peerstore holds for `peer_id`."""
+        try:
+            known = self._require_node().host.get_peerstore().addrs(ID.from_base58(peer_id))
+        except Exception:  # noqa: BLE001 - the peerstore raises for a peer it holds no address of
+            return []
+        return [str(address) for address in known if tcp_endpoint(str(address).split("/p2p/")[0])]
 
     # --- addresses: ours through relays, and dialling others ------------------------------
 
@@ -356,10 +412,21 @@ class RelayService:
         kinds = {facts_of(conn).kind for conn in self._connections_to(peer_id)}
         return DIRECT if DIRECT in kinds else (RELAYED if kinds else None)
 
-    async def _rpc_connect(self, peer_id: str, addrs: list[str] | None = None) -> dict[str, Any]:
-        """RPC ``nat.connect``: connect to a peer by ID, finding its addresses in the DHT if none are given."""
+    async def _rpc_connect(self, peer_id: str, addrs: list[str] | None = None, keep: bool = False) -> dict[str, Any]:
+        """RPC ``nat.connect``: connect to a peer by ID, finding its addresses in the DHT if none are given;
+        with `keep`, the link is also dialled again whenever it drops, from now on."""
         if not isinstance(peer_id, str) or not peer_id:
             raise RpcError.invalid_params("peer_id must be a peer ID string")
+        if not isinstance(keep, bool):
+            raise RpcError.invalid_params("keep must be true or false")
+        try:
+            ID.from_base58(peer_id)
+        except Exception:  # noqa: BLE001 - base58 / multihash errors of several types
+            raise RpcError.invalid_params("peer_id is not a peer ID") from None
+        if keep and peer_id not in self._asked_to_keep:
+            if len(self._asked_to_keep) >= MAX_KEPT:
+                raise RpcError(-32000, f"already keeping {MAX_KEPT} links")
+            self._asked_to_keep.append(peer_id)
         if addrs is None:
             addrs = await self.lookup_addrs(peer_id)
         if not isinstance(addrs, list) or not all(isinstance(address, str) for address in addrs):
@@ -397,6 +464,8 @@ class RelayService:
             "relay_addrs": self.relay_addrs() if self._node is not None else [],
             "published_relay_addrs": list(self._published[1]),  # in our DHT peer record (the put finished)
             "hole_punching": self.hole_punch,
+            "kept_links": len(self.links.links),
+            "relinks_waiting": self.links.status(trio.current_time()) if self._node is not None else {},
         }
 
     def _connections_to(self, peer_id: str) -> list[Any]:

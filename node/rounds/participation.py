@@ -33,7 +33,7 @@ import trio
 
 from locomesh.crdt import Replica
 from locomesh.crdt.evidence import ban_reason
-from locomesh.crdt.scores import scores_json
+from locomesh.crdt.scores import accepted_counts, scores_json
 from locomesh.protocol import peer_id_from_public_key
 from locomesh.protocol.runs import short_run_id
 from locomesh.training.contract import RoundParticipant
@@ -209,6 +209,8 @@ class RunParticipation:
             "initial_eval_loss": self.initial_eval.get("loss"),
             "history": [record.to_json() for record in self.history],
             "scores": scores_json(self.replica.facts, state),  # member -> its recent contribution scores
+            # member -> how many of the newest certified rounds accepted its contribution
+            "contributions": {author.hex(): count for author, count in accepted_counts(state).items()},
             "data": None if self.data is None else self.data.status(),
         }
 
@@ -433,6 +435,10 @@ class RunParticipation:
         for name, contents in files.items():
             await self.offload(atomic_write, directory / name, contents)
         return {"round": round_number, "files": sorted(files)}
+
+    def other_members(self) -> list[str]:
+        """The peer IDs of the run's members but us."""
+        return self._other_members()
 
     def _other_members(self, exclude: bytes | None = None) -> list[str]:
         """The peer IDs of the run's members but us (and `exclude`)."""

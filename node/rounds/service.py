@@ -103,6 +103,9 @@ class RoundService:
                              ("run.export", self._rpc_export)):
             node.rpc.register(name, method)
         node.add_status_field("training", self._summary)
+        relay = next((service for service in node.services if service.name == "relay"), None)
+        if relay is not None:
+            relay.keep_linked(self._member_peers)  # a dropped link to a fellow member comes back by itself
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             for run in self.registry.store.runs():
@@ -331,6 +334,10 @@ class RoundService:
         except OSError as error:
             raise RpcError(-32000, f"cannot write {directory}: {error.strerror}") from None
         return {**exported, "run_id": format_run_id(raw_id), "directory": directory}
+
+    def _member_peers(self) -> list[str]:
+        """The peer IDs of the other members of every run we take part in."""
+        return [peer for participation, _ in self.participations.values() for peer in participation.other_members()]
 
     def _joined(self, run_id: bytes) -> RunParticipation:
         if run_id not in self.participations:

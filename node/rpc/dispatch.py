@@ -1,4 +1,4 @@
-"""JSON-RPC 2.0: the method registry and the dispatcher (no I/O; the HTTP layer is in `server`).
+"""JSON-RPC 2.0: the method registry and the dispatcher (no I/O; the HTTP layer is in `app`).
 
 Services add methods to the node's `RpcRegistry`::
 
@@ -109,6 +109,24 @@ class RpcRegistry:
         return await entry.function(*args, **kwargs)
 
 
+class RegistryView:
+    """The methods of `registry` named in `allowed`, and no others: what a caller with fewer rights
+    (the dashboard's browser session) may call. To it, any other name does not exist."""
+
+    def __init__(self, registry: RpcRegistry, allowed: frozenset[str]) -> None:
+        self._registry = registry
+        self._allowed = allowed
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._allowed and name in self._registry
+
+    async def call(self, name: str, params: list | dict | None) -> Any:
+        """As `RpcRegistry.call`; a name outside `allowed` is METHOD_NOT_FOUND."""
+        if name not in self._allowed:
+            raise RpcError(METHOD_NOT_FOUND, f"method not found: {name[:_MAX_NAME]}")
+        return await self._registry.call(name, params)
+
+
 class RpcDispatcher:
     """Turns request bodies into response bodies, calling methods of `registry`.
 
@@ -116,7 +134,7 @@ class RpcDispatcher:
     request counter); its argument is a registered name, never client text.
     """
 
-    def __init__(self, registry: RpcRegistry, on_call: Callable[[str], None] | None = None) -> None:
+    def __init__(self, registry: RpcRegistry | RegistryView, on_call: Callable[[str], None] | None = None) -> None:
         self.registry = registry
         self._on_call = on_call
         self._unencodable: set[str] = set()  # methods whose unencodable result was logged

@@ -1,282 +1,302 @@
-"""The local RPC endpoint: HTTP/1.1 on 127.0.0.1, JSON-RPC 2.0 at ``POST /``, Prometheus at ``GET /metrics``.
+"""The local HTTP server: the ASGI app of `app` (RPC, /metrics, the dashboard) served by Hypercorn's
+per-connection HTTP machinery under our own trio accept loop, bound to 127.0.0.1 only.
 
-Authentication (bitcoind's cookie idea, with a Bearer header): at every start
-the daemon writes 32 fresh random bytes, hex-encoded, to ``<datadir>/rpc.cookie``
-(mode 0600). A JSON-RPC request must carry ``Authorization: Bearer <cookie>``;
-the comparison takes constant time. A missing or wrong cookie gets 401, and
-the method is not looked at. Whoever can read the data dir can drive the node.
+We bind the socket ourselves, so that a port in use is an `AddressInUse` (the
+daemon exits 2 with one line), and accept on it ourselves: each connection
+runs in its own task of one nursery, as Hypercorn's `TCPServer`, and whatever
+it raises ends that connection only. (Hypercorn 0.18's own `serve` lets one
+connection's error, such as the `BusyResourceError` of a client that
+half-closes while its answer goes out, tear down every connection; we rely on
+0.18's `TCPServer` and `WorkerContext`, hence the pin in pyproject.toml.)
 
-``GET /metrics`` needs no cookie: Prometheus scrapers do not have one, the
-socket is bound to 127.0.0.1 only, and the metrics reveal no secret (no peer
-IDs either: nothing that labels who we talk to).
+Bounds, so that a local process that misbehaves cannot hurt the node:
 
-Every request must name us in its ``Host`` header (``127.0.0.1:PORT``,
-``localhost:PORT`` or ``[::1]:PORT``), else 403: a web page whose DNS name is
-rebound to 127.0.0.1 sends its own name there, so it cannot read /metrics.
+- a request head must arrive whole within `FIRST_BYTE_TIMEOUT` seconds of the
+  connection opening or of the answer before it (an idle or dribbling
+  connection is closed), and holds at most `app.MAX_HEAD` bytes (431); each
+  read of a body waits at most `REQUEST_TIMEOUT` seconds and the whole body
+  too (`app.read_body`), and it holds at most `app.MAX_BODY` bytes (413);
+- at most `MAX_CONNECTIONS` connections are served at once. Past that, up to
+  `MAX_WAITING` more have their first request read: one that carries the
+  cookie is served in one of `RESERVED_CONNECTIONS` reserved slots (so the
+  CLI still gets through while idle connections hold the others), any other
+  is answered 503 with ``Connection: close``. Connections past those are
+  closed at once. Refusals are counted through `on_reject` ("busy").
 
-Bounds, so a local process that misbehaves cannot hurt the node: request
-heads of 16 KiB and bodies of 1 MiB at most (see `http11`); a connection
-must start each request within `FIRST_BYTE_TIMEOUT` seconds (an idle one is
-closed without a word) and deliver it whole within `REQUEST_TIMEOUT`; at
-most `MAX_CONNECTIONS` connections are served at once. Past that, up to
-`MAX_WAITING` more have their first request read: one that carries the
-cookie is served in one of `RESERVED_CONNECTIONS` reserved slots (so the CLI
-still gets through while idle connections hold the others), any other is
-answered 503 with ``Connection: close``. Connections past those are closed
-at once. A refused client gets its answer, not a reset: the server reads its
-request before answering and, after the answer, reads what it still sends
-for up to `LINGER_TIMEOUT` seconds before closing. Every HTTP-level refusal
-carries a JSON-RPC error object as its body.
-
-Shutdown: `stop()` closes the listening socket at once; requests already
-being served get up to `DRAIN_TIMEOUT` seconds to be answered (so the answer
-to ``node.shutdown`` gets out), then the connections are closed.
+Shutdown: `stop()` ends the accept loop at once; idle connections are closed,
+requests already being served get up to `DRAIN_TIMEOUT` seconds to be
+answered (so the answer to ``node.shutdown`` gets out), then the
+connections are closed.
 """
 
 from __future__ import annotations
 
 import errno
 import hmac
-import json
 import logging
 import math
-from collections.abc import Callable
+import socket
+from collections.abc import Sequence
 from functools import partial
-from typing import Any
+from typing import Any, Protocol
 
 import trio
+from hypercorn.config import Config
+from hypercorn.trio.tcp_server import TCPServer
+from hypercorn.trio.worker_context import WorkerContext
+from hypercorn.typing import ConnectionState
+from hypercorn.utils import wrap_app
+from starlette.routing import BaseRoute
+from starlette.types import ASGIApp, Receive, Scope, Send
 
-from locomesh.node import metrics as metrics_module
-from locomesh.node.rpc.http11 import HttpError, Request, RequestParser, State, render_response
-from locomesh.node.rpc.dispatch import INVALID_REQUEST, RpcDispatcher
+from locomesh.node.metrics import Metrics
+from locomesh.node.rpc.app import MAX_HEAD, OnReject, build_app, local_hosts, refusal
+from locomesh.node.rpc.dispatch import RpcDispatcher
 from locomesh.node.runtime import AddressInUse, ListenError
 
 logger = logging.getLogger(__name__)
+# Hypercorn's own log: its warnings and errors stay.
+_HYPERCORN_LOG = logging.getLogger(f"{__name__}.hypercorn")
+_HYPERCORN_LOG.setLevel(logging.WARNING)
 
 HOST = "127.0.0.1"
 FIRST_BYTE_TIMEOUT = 2.0
 REQUEST_TIMEOUT = 10.0
-SEND_TIMEOUT = 10.0
 DRAIN_TIMEOUT = 2.0
-LINGER_TIMEOUT = 1.0
+BACKLOG = 128
 MAX_CONNECTIONS = 32
 RESERVED_CONNECTIONS = 2
 MAX_WAITING = 32
-_RECEIVE_SIZE = 64 * 1024
-_MAX_LINGER_BYTES = 2 * 1024 * 1024
+FAILURE_LOG_EVERY = 60.0
+
+
+class Site(Protocol):
+    """More of the local HTTP side (the dashboard): its routes, and its tasks while the server runs."""
+
+    def routes(self) -> Sequence[BaseRoute]: ...
+
+    async def run(self, port: int, task_status: Any = trio.TASK_STATUS_IGNORED) -> None: ...
 
 
 class RpcServer:
-    """Serves one `RpcDispatcher` and one metrics page, guarded by `cookie`."""
+    """Serves one `RpcDispatcher` guarded by `cookie`, the metrics of `metrics`, and `site` if given."""
 
     def __init__(
         self,
         dispatcher: RpcDispatcher,
         *,
         cookie: str,
-        render_metrics: Callable[[], str],
-        on_reject: Callable[[str], None] = lambda reason: None,
+        metrics: Metrics,
+        on_reject: OnReject = lambda reason: None,
+        site: Site | None = None,
         max_connections: int = MAX_CONNECTIONS,
         reserved_connections: int = RESERVED_CONNECTIONS,
         max_waiting: int = MAX_WAITING,
     ) -> None:
         self.dispatcher = dispatcher
-        self._expected_auth = f"Bearer {cookie}".encode("ascii")
-        self._render_metrics = render_metrics
+        self._site = site
         self._on_reject = on_reject
-        self._connections = trio.CapacityLimiter(max_connections)
-        self._reserved = trio.CapacityLimiter(reserved_connections)
-        self._waiting = trio.CapacityLimiter(max_waiting)
-        self._stopping = trio.Event()
+        self._expected_auth = f"Bearer {cookie}".encode("ascii")
         self._hosts: frozenset[str] = frozenset()
+        self._stopping = trio.Event()
+        self._connections = _Slots(max_connections)
+        self._reserved = _Slots(reserved_connections)
+        self._waiting = _Slots(max_waiting)
+        self._context = WorkerContext(None)  # Hypercorn's: `terminated` tells connections we stop
+        self._failures = _Throttled(FAILURE_LOG_EVERY)
         self.port: int | None = None
+        routes = site.routes() if site is not None else ()
+        self.app = build_app(
+            dispatcher, cookie=cookie, metrics=metrics, hosts=lambda: self._hosts, on_reject=on_reject, routes=routes
+        )
+        self._served = wrap_app(self.app, 0, "asgi")
 
     async def run(self, port: int = 0, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-        """Listen on 127.0.0.1:`port` (0: any free port; the chosen one is `self.port`) until `stop()`.
+        """Serve on 127.0.0.1:`port` (0: any free port; the chosen one is `self.port`) until `stop()`.
 
         Raises `AddressInUse` if something listens there, `ListenError` if the port cannot be had otherwise.
         """
-        try:
-            listeners = await trio.open_tcp_listeners(port, host=HOST)
-        except OSError as error:
-            if error.errno == errno.EADDRINUSE:
-                raise AddressInUse(f"address in use: {HOST}:{port} (the RPC port)") from None
-            raise ListenError(f"cannot listen for RPC on {HOST}:{port}: {error.strerror}") from None
-        self.port = listeners[0].socket.getsockname()[1]
-        self._hosts = frozenset(f"{name}:{self.port}" for name in ("127.0.0.1", "localhost", "[::1]"))
-        async with trio.open_nursery() as connections:
-            async with trio.open_nursery() as acceptor:
-                serve = partial(trio.serve_listeners, self._serve_connection, listeners, handler_nursery=connections)
-                acceptor.start_soon(serve)
-                task_status.started(self.port)
-                await self._stopping.wait()
-                acceptor.cancel_scope.cancel()
-            for listener in listeners:
+        listener = trio.SocketListener(trio.socket.from_stdlib_socket(_listen(port)))
+        async with listener:
+            self.port = listener.socket.getsockname()[1]
+            self._hosts = local_hosts(self.port)
+            config = _config()
+            async with trio.open_nursery() as connections:
+                async with trio.open_nursery() as background:
+                    handler = partial(self._serve_connection, config)
+                    accept = partial(trio.serve_listeners, handler, [listener], handler_nursery=connections)
+                    background.start_soon(accept)
+                    if self._site is not None:
+                        await background.start(self._site.run, self.port)
+                    task_status.started(self.port)
+                    await self._stopping.wait()
+                    background.cancel_scope.cancel()
                 await listener.aclose()
-            with trio.move_on_after(DRAIN_TIMEOUT):
-                while self._connections.borrowed_tokens or self._reserved.borrowed_tokens:
-                    await trio.sleep(0.02)
-            connections.cancel_scope.cancel()
+                await self._context.terminated.set()  # idle connections close; answers say Connection: close
+                connections.cancel_scope.deadline = trio.current_time() + DRAIN_TIMEOUT
 
     def stop(self) -> None:
+        """Make `run` stop accepting now and return once the connections are done (`DRAIN_TIMEOUT`)."""
         self._stopping.set()
 
-    async def _serve_connection(self, stream: trio.SocketStream) -> None:
-        try:
-            if _take(self._connections):
-                try:
-                    await self._serve_requests(stream, RequestParser())
-                finally:
-                    self._connections.release()
-            elif _take(self._waiting):
-                await self._serve_over_the_limit(stream)
-            else:
-                self._on_reject("busy")  # closed at once: even its request would cost a slot to read
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            pass  # the client went away; nothing to answer
-        except Exception:  # noqa: BLE001 - one bad connection must not stop the server
-            logger.exception("RPC connection failed")
-        finally:
-            await stream.aclose()
-
-    async def _serve_over_the_limit(self, stream: trio.SocketStream) -> None:
-        """Every slot is taken, and we hold a waiting one: read the first request, then serve it in a
-        reserved slot if it carries the cookie and one is free, else answer 503."""
-        parser = RequestParser()
-        try:
+    async def _serve_connection(self, config: Config, stream: trio.SocketStream) -> None:
+        """Serve one accepted connection in the slot it can have, then close it; nothing it raises
+        goes further than a (throttled) warning."""
+        async with stream:
             try:
-                request = await _receive_request(stream, parser, whole=FIRST_BYTE_TIMEOUT)
-            except HttpError as error:
-                await self._refuse(stream, error, reason="timeout" if error.status == 408 else "bad-http")
-                return
-            if request is None:
-                return
-            if not (self._authorized(request) and _take(self._reserved)):
-                await self._refuse(stream, HttpError(503, "too many RPC connections"), reason="busy")
-                return
-        finally:
-            self._waiting.release()
-        try:
-            await self._serve_requests(stream, parser, first=request)
-        finally:
-            self._reserved.release()
+                await self._serve_in_a_slot(config, stream)
+            except Exception as error:  # noqa: BLE001 - one connection's failure must not reach the others
+                self._failures.warning("a local HTTP connection failed: %s", _describe(error))
+                logger.debug("the failure", exc_info=True)
 
-    async def _serve_requests(
-        self, stream: trio.SocketStream, parser: RequestParser, first: Request | None = None
-    ) -> None:
-        """Answer `first` (if given) and the requests after it on `stream` until the client stops
-        keeping the connection alive, goes idle, or sends something we refuse."""
-        request = first
-        while not self._stopping.is_set():
-            if request is None:
-                try:
-                    request = await _receive_request(stream, parser)
-                except HttpError as error:
-                    await self._refuse(stream, error, reason="timeout" if error.status == 408 else "bad-http")
-                    return
-                if request is None:
-                    return
-            status, body, content_type = await self._respond(request)
-            keep_alive = request.keep_alive and not self._stopping.is_set()
-            response = render_response(
-                status, body, content_type=content_type, keep_alive=keep_alive, extra_headers=_extra(status)
+    async def _serve_in_a_slot(self, config: Config, stream: trio.SocketStream) -> None:
+        """Hypercorn on `stream` in a free slot; past them, behind an `_Overflow` gate in a waiting
+        slot; past those too, nothing (the caller closes it)."""
+        if self._connections.take():
+            try:
+                await self._hypercorn(config, stream, self._served)
+            finally:
+                self._connections.release()
+        elif self._waiting.take():
+            gate = _Overflow(
+                self.app, authorized=self._authorized, reserved=self._reserved, waiting=self._waiting,
+                on_reject=self._on_reject,
             )
-            with trio.move_on_after(SEND_TIMEOUT):
-                await stream.send_all(response)
-            if not keep_alive:
-                return
-            parser.start_next()
-            request = None
-
-    async def _respond(self, request: Request) -> tuple[int, bytes, str]:
-        """(status, body, content type) for one request."""
-        if request.headers.get("host", "").lower() not in self._hosts:
-            self._on_reject("bad-host")
-            return _http_error_body(HttpError(403, "the Host header must name 127.0.0.1, localhost or [::1] and our port"))
-        if request.target == "/metrics":
-            if request.method != "GET":
-                return _http_error_body(HttpError(405, "use GET for /metrics"))
-            return 200, self._render_metrics().encode("utf-8"), metrics_module.CONTENT_TYPE
-        if request.target != "/":
-            return _http_error_body(HttpError(404, f"nothing at {request.target[:64]}"))
-        if request.method != "POST":
-            return _http_error_body(HttpError(405, "JSON-RPC takes POST /"))
-        if not self._authorized(request):
-            self._on_reject("unauthorized")
-            return _http_error_body(HttpError(401, "missing or wrong cookie (Authorization: Bearer <rpc.cookie>)"))
-        body = await self.dispatcher.handle(request.body)
-        return (204, b"", "application/json") if body is None else (200, body, "application/json")
-
-    def _authorized(self, request: Request) -> bool:
-        given = request.headers.get("authorization", "").encode("latin-1")
-        return hmac.compare_digest(given, self._expected_auth)
-
-    async def _refuse(self, stream: trio.SocketStream, error: HttpError, *, reason: str) -> None:
-        """Count the refusal under `reason`, answer `error` and close our side, then read what the
-        client still sends (for a while): closing with unread bytes makes the kernel send a reset,
-        and the client would lose the answer."""
-        self._on_reject(reason)
-        status, body, content_type = _http_error_body(error)
-        response = render_response(
-            status, body, content_type=content_type, keep_alive=False, extra_headers=_extra(status)
-        )
-        with trio.move_on_after(SEND_TIMEOUT):
             try:
-                await stream.send_all(response)
-                await stream.send_eof()
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                return
-        await _linger(stream)
+                await self._hypercorn(config, stream, wrap_app(gate, 0, "asgi"))
+            finally:
+                gate.release()
+        else:
+            self._on_reject("busy")  # closed at once: even its request would cost a slot to read
+
+    async def _hypercorn(self, config: Config, stream: trio.SocketStream, app: Any) -> None:
+        """Hypercorn's HTTP/1.1 (and h2c) server for one connection, until the connection ends."""
+        await TCPServer(app, config, self._context, ConnectionState({}), stream).run()
+
+    def _authorized(self, scope: Scope) -> bool:
+        """Whether the request of `scope` carries exactly one ``Authorization`` header with the cookie."""
+        given = [value for key, value in scope["headers"] if key == b"authorization"]
+        return len(given) == 1 and hmac.compare_digest(given[0], self._expected_auth)
 
 
-def _take(limiter: trio.CapacityLimiter) -> bool:
-    try:
-        limiter.acquire_nowait()
+class _Overflow:
+    """ASGI app of one connection accepted while every slot was taken (it holds a waiting slot):
+    its requests are served by `app` once one of them carried the cookie and got a reserved slot;
+    until then each is answered 503 with ``Connection: close``. `release()` gives back what it holds."""
+
+    def __init__(self, app: ASGIApp, *, authorized: Any, reserved: _Slots,
+                 waiting: _Slots, on_reject: OnReject) -> None:
+        self._app = app
+        self._authorized = authorized
+        self._reserved = reserved
+        self._waiting: _Slots | None = waiting
+        self._holds_reserved = False
+        self._on_reject = on_reject
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and not self._admitted(scope):
+            self._on_reject("busy")
+            answer = refusal(503, "too many local HTTP connections", headers={"Connection": "close"})
+            await answer(scope, receive, send)
+            return
+        await self._app(scope, receive, send)
+
+    def _admitted(self, scope: Scope) -> bool:
+        """True once this connection holds a reserved slot; takes one for a request with the cookie."""
+        if not self._holds_reserved and self._authorized(scope) and self._reserved.take():
+            self._holds_reserved = True
+            self._release_waiting()
+        return self._holds_reserved
+
+    def _release_waiting(self) -> None:
+        """Give back the waiting slot, once."""
+        if self._waiting is not None:
+            self._waiting.release()
+            self._waiting = None
+
+    def release(self) -> None:
+        """Give back the slots this connection holds (once the connection has ended)."""
+        self._release_waiting()
+        if self._holds_reserved:
+            self._reserved.release()
+            self._holds_reserved = False
+
+
+class _Throttled:
+    """Logs a warning at most once every `every` seconds, and says how many it left out since."""
+
+    def __init__(self, every: float) -> None:
+        self._every = every
+        self._next = -math.inf
+        self._left_out = 0
+
+    def warning(self, message: str, *args: object) -> None:
+        """Log `message % args` as a warning unless one was logged less than `every` seconds ago."""
+        now = trio.current_time()
+        if now < self._next:
+            self._left_out += 1
+            return
+        self._next = now + self._every
+        left_out, self._left_out = self._left_out, 0
+        if left_out:
+            message, args = message + " (and %d like it not logged before)", (*args, left_out)
+        logger.warning(message, *args)
+
+
+def _describe(error: BaseException) -> str:
+    """`error` in a short line: the leaves of an exception group, not its nesting."""
+    if isinstance(error, BaseExceptionGroup):
+        return ", ".join(_describe(inner) for inner in error.exceptions)[:300]
+    return repr(error)[:200]
+
+
+class _Slots:
+    """A count of slots, taken and given back by any task (a `trio.CapacityLimiter` is bound to the
+    task that took it; a slot here passes from the accept loop to Hypercorn's request tasks)."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.taken = 0
+
+    def take(self) -> bool:
+        """Take a slot if one is free, without waiting."""
+        if self.taken >= self.total:
+            return False
+        self.taken += 1
         return True
-    except trio.WouldBlock:
-        return False
+
+    def release(self) -> None:
+        """Give back a slot taken with `take`."""
+        assert self.taken > 0, "a slot given back that was not taken"
+        self.taken -= 1
 
 
-async def _receive_request(
-    stream: trio.SocketStream, parser: RequestParser, *, whole: float = REQUEST_TIMEOUT
-) -> Request | None:
-    """The next request on `stream`; None when the client closed cleanly or sent no byte of it within
-    FIRST_BYTE_TIMEOUT (an idle connection: closed without a word); `HttpError` for a bad one, or
-    408 when it did not arrive whole within `whole` seconds."""
-    first_byte_by = trio.current_time() + FIRST_BYTE_TIMEOUT
-    with trio.move_on_after(whole) as timer:
-        while True:
-            request = parser.next_request()
-            if request is not None or parser.state is State.CLOSED:
-                return request
-            idle = parser.buffered == 0 and parser.state is State.HEAD
-            with trio.move_on_at(first_byte_by if idle else math.inf) as waiting:
-                data = await stream.receive_some(_RECEIVE_SIZE)
-            if waiting.cancelled_caught:
-                return None
-            parser.receive_data(data)
-    assert timer.cancelled_caught
-    if parser.buffered == 0 and parser.state is State.HEAD:
-        return None
-    raise HttpError(408, f"request not complete within {whole:g} s")
+def _listen(port: int) -> socket.socket:
+    """A listening TCP socket on 127.0.0.1:`port`; `AddressInUse` or `ListenError`."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((HOST, port))
+        sock.listen(BACKLOG)
+        sock.setblocking(False)
+    except OSError as error:
+        sock.close()
+        if error.errno == errno.EADDRINUSE:
+            raise AddressInUse(f"address in use: {HOST}:{port} (the RPC port)") from None
+        raise ListenError(f"cannot listen for RPC on {HOST}:{port}: {error.strerror}") from None
+    return sock
 
 
-async def _linger(stream: trio.SocketStream) -> None:
-    """Read and drop what the client sends until it closes, for at most LINGER_TIMEOUT seconds."""
-    received = 0
-    with trio.move_on_after(LINGER_TIMEOUT):
-        try:
-            while received < _MAX_LINGER_BYTES and (data := await stream.receive_some(_RECEIVE_SIZE)):
-                received += len(data)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            pass
-
-
-def _http_error_body(error: HttpError) -> tuple[int, bytes, str]:
-    message = f"HTTP {error.status}: {error.reason}"
-    body = {"jsonrpc": "2.0", "id": None, "error": {"code": INVALID_REQUEST, "message": message}}
-    return error.status, json.dumps(body).encode("utf-8"), "application/json"
-
-
-def _extra(status: int) -> tuple[tuple[str, str], ...]:
-    return (("WWW-Authenticate", 'Bearer realm="locomesh"'),) if status == 401 else ()
+def _config() -> Config:
+    """Hypercorn's settings for our connections: the timeouts and head caps of the module docstring,
+    no Server header, no access log, its errors to our log."""
+    config = Config()
+    config.keep_alive_timeout = FIRST_BYTE_TIMEOUT  # also the time a request head has to arrive whole
+    config.read_timeout = REQUEST_TIMEOUT  # type: ignore[assignment] - Hypercorn takes any number
+    config.graceful_timeout = DRAIN_TIMEOUT
+    config.h11_max_incomplete_size = MAX_HEAD
+    config.h2_max_header_list_size = MAX_HEAD
+    config.include_server_header = False
+    config.accesslog = None
+    config.errorlog = _HYPERCORN_LOG
+    return config

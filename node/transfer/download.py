@@ -76,11 +76,12 @@ class DownloadProgress:
     """What a download has done so far (shown by RPC and in `node.status`)."""
 
     checkpoint_id: bytes
-    state: str = "manifest"  # manifest -> chunks -> done | failed | cancelled
+    state: str = "manifest"  # one of states.RUNNING_STATES, then of states.ENDED_STATES
     chunks_total: int = 0
     chunks_stored: int = 0  # including the ones stored before (a resumed download)
     chunks_fetched: int = 0  # fetched by this download
     bytes_fetched: int = 0
+    bytes_total: int = 0  # the chunks' bytes as stored and sent (0 until the manifest is known)
     error: str | None = None
     providers: dict[str, dict[str, Any]] = field(default_factory=dict)
     started_at: float | None = None  # trio clock: when the download began, and when it ended
@@ -90,7 +91,7 @@ class DownloadProgress:
         return {
             "id": self.checkpoint_id.hex(), "state": self.state, "chunks_total": self.chunks_total,
             "chunks_stored": self.chunks_stored, "chunks_fetched": self.chunks_fetched,
-            "bytes_fetched": self.bytes_fetched, "error": self.error, "providers": self.providers,
+            "bytes_fetched": self.bytes_fetched, "bytes_total": self.bytes_total, "error": self.error, "providers": self.providers,
             "seconds": self._seconds(),
         }
 
@@ -286,7 +287,7 @@ async def download_checkpoint(
     if local is not None:
         _check_limits(local, limits)
         progress.state, progress.chunks_total, progress.done_at = "done", len(local.chunks), trio.current_time()
-        progress.chunks_stored = len(local.chunks)
+        progress.chunks_stored, progress.bytes_total = len(local.chunks), sum(chunk.size for chunk in local.chunks)
         return local
     sessions = {
         peer: ProviderSession(node, peer, address, transport, scores=scores)
@@ -297,6 +298,7 @@ async def download_checkpoint(
         missing = await sink.missing(manifest)
         progress.state, progress.chunks_total = "chunks", len(manifest.chunks)
         progress.chunks_stored = len(manifest.chunks) - len(missing)
+        progress.bytes_total = sum(chunk.size for chunk in manifest.chunks)
         wanted = {index: manifest.chunks[index].size for index in missing}
         schedule = DownloadSchedule(wanted, list(sessions), max_window=max_window)
         await _ChunkFetcher(sink, manifest, schedule, sessions, scores, progress).run()

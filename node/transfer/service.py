@@ -34,7 +34,8 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,7 @@ from locomesh.node.transfer.download import (
 )
 from locomesh.node.transfer.dataplane import DataPlaneServer
 from locomesh.node.transfer.held import HeldCheckpoints
+from locomesh.node.transfer.states import RUNNING_STATES
 from locomesh.node.transfer.store import checkpoint_ids, read_stored_chunk, read_stored_manifest
 from locomesh.node.peer_scores import PeerScores
 from locomesh.node.rpc.dispatch import RpcError
@@ -194,19 +196,43 @@ class CheckpointService:
 
         With no `providers`, they are looked up in the DHT first."""
         current = self.downloads.get(checkpoint_id)
-        if current is not None and current.state in ("manifest", "chunks"):
+        if current is not None and current.state in RUNNING_STATES:
             return current
         assert self._nursery is not None, "the service is not running"
-        progress = DownloadProgress(checkpoint_id)
-        self.downloads.pop(checkpoint_id, None)
-        self.downloads[checkpoint_id] = progress
-        self._forget_old_downloads()
+        progress = self._keep(DownloadProgress(checkpoint_id))
         self._nursery.start_soon(self._download, checkpoint_id, list(providers), progress, streams, transport)
+        return progress
+
+    @contextmanager
+    def tracked(self, checkpoint_id: bytes) -> Iterator[DownloadProgress]:
+        """A progress for a download made elsewhere (a run's dataset: node/datasets/), shown beside the
+        service's own (`checkpoint.progress`, ``node.status``) so that `locomesh run join` can draw it;
+        marked failed (or cancelled) if the block ends in an exception before the download is done.
+        While another download of the same checkpoint runs, that one stays listed (its progress shows
+        the same chunks arriving) and this one's progress is not listed."""
+        progress = DownloadProgress(checkpoint_id)
+        current = self.downloads.get(checkpoint_id)
+        if current is None or current.state not in RUNNING_STATES:
+            self._keep(progress)
+        try:
+            yield progress
+        except BaseException as error:
+            if progress.state != "done":
+                cancelled = isinstance(error, trio.Cancelled)
+                progress.state = "cancelled" if cancelled else "failed"
+                progress.error = None if cancelled else str(error) or type(error).__name__
+            raise
+
+    def _keep(self, progress: DownloadProgress) -> DownloadProgress:
+        """List `progress` as its checkpoint's newest download (for RPC and ``node.status``)."""
+        self.downloads.pop(progress.checkpoint_id, None)
+        self.downloads[progress.checkpoint_id] = progress
+        self._forget_old_downloads()
         return progress
 
     def _forget_old_downloads(self) -> None:
         """Keep the progress of at most MAX_KEPT_DOWNLOADS downloads: the running ones and the latest finished."""
-        finished = [key for key, progress in self.downloads.items() if progress.state not in ("manifest", "chunks")]
+        finished = [key for key, progress in self.downloads.items() if progress.state not in RUNNING_STATES]
         for key in finished[: max(0, len(self.downloads) - MAX_KEPT_DOWNLOADS)]:
             del self.downloads[key]
 
