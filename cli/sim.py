@@ -2,9 +2,13 @@
 
 Progress goes to stderr; the report is written as JSON (``--report FILE``,
 default ``netsim-SCENARIO-SEED.json``) and markdown (same name, ``.md``),
-and the markdown is printed. ``-o KEY=VALUE`` sets a field of the scenario's
-``Config`` (e.g. ``-o byzantine=3 -o churn=2`` for ``train``). Exit codes: 0 done, 2 bad arguments.
-No plot is drawn: matplotlib is not a dependency.
+and the markdown is printed. A scenario with rounds (``train``) also gets the
+plots of `locomesh run report` (`plots`: round timeline, contributions per
+member; a simulated model has no loss to plot) as PNG files beside the report
+(``STEM-round_timeline.png``, ``STEM-contributions.png``, STEM being the report's
+name without ``.json``), linked from its markdown, with or without ``--report``. ``-o KEY=VALUE``
+sets a field of the scenario's ``Config`` (e.g. ``-o byzantine=3 -o churn=2`` for
+``train``). Exit codes: 0 done, 2 bad arguments.
 """
 
 from __future__ import annotations
@@ -14,6 +18,10 @@ import logging
 import os
 import sys
 import time
+from pathlib import Path
+from typing import Any
+
+from .plots import RoundPoint, Series, draw, markdown_section
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -26,7 +34,18 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("-o", "--option", action="append", default=[], metavar="KEY=VALUE",
                         help="a scenario option, e.g. -o byzantine=3 -o churn=2 -o delayed_updates=true for train "
                              "(repeatable; an unknown key lists the scenario's options and defaults)")
+    parser.add_argument("--seeds", type=int, help="nat: run seeds SEED .. SEED+N-1, pooled in one report (-o seeds=N)")
+    parser.add_argument("--topology", help="nat: homes (default) or cgnat (-o topology=NAME)")
     parser.set_defaults(handler=run_sim)
+
+
+def _shorthands(args: argparse.Namespace) -> list[str]:
+    """`--seeds` and `--topology` as the options of scenario nat they stand for; ValueError for another scenario
+    (`dht`'s own option ``seeds`` counts seed nodes)."""
+    given = [f"{key}={value}" for key in ("seeds", "topology") if (value := getattr(args, key, None)) is not None]
+    if given and args.scenario != "nat":
+        raise ValueError("--seeds and --topology are options of scenario nat")
+    return given
 
 
 def run_sim(args: argparse.Namespace) -> int:
@@ -41,7 +60,7 @@ def run_sim(args: argparse.Namespace) -> int:
         print("locomesh sim: --nodes must be at least 3", file=sys.stderr)
         return 2
     try:
-        options = parse_options(args.scenario, args.option)
+        options = parse_options(args.scenario, args.option + _shorthands(args))
     except ValueError as error:
         print(f"locomesh sim: {error}", file=sys.stderr)
         return 2
@@ -57,9 +76,44 @@ def run_sim(args: argparse.Namespace) -> int:
     except ValueError as error:
         print(f"locomesh sim: {error}", file=sys.stderr)
         return 2
-    path = args.report or f"netsim-{args.scenario}-{args.seed}.json"
-    written = reports.write(result, path)
-    print(reports.to_markdown(result))
+    path = Path(args.report or f"netsim-{args.scenario}-{args.seed}.json")
+    appendix, plotted = draw_plots(result, path)
+    written = reports.write(result, path, appendix) + plotted
+    print(reports.to_markdown(result, appendix))
     hashseed = os.environ.get("PYTHONHASHSEED", "random")
     progress(f"wrote {', '.join(map(str, written))} (PYTHONHASHSEED={hashseed})")
     return 0
+
+
+def draw_plots(report: dict[str, Any], path: Path) -> tuple[list[str], list[Path]]:
+    """Draw the plots of a scenario with rounds beside its report at `path` (``STEM-NAME.png``); the
+    markdown lines that link them and the files written, none for a scenario without rounds."""
+    series = series_from_report(report)
+    if series is None:
+        return [], []
+    written, skipped = draw(series, path.parent, prefix=f"{path.stem}-")
+    return markdown_section(written, skipped, path.parent), list(written.values())
+
+
+def series_from_report(report: dict[str, Any]) -> Series | None:
+    """A scenario report with a "Rounds" table (`train`) as a plot `Series`: each round from the
+    certificate of the round before (round 1: from the run's creation) until the first node, then
+    the last, held it certified, in virtual seconds; each node's payloads in certified sets (the
+    "Contributions" table). None for a scenario without rounds."""
+    from locomesh.netsim.report import table_rows
+
+    rows = table_rows(report, "Rounds")
+    if rows is None:
+        return None
+    points, previous = [], 0.0
+    for row in rows:
+        first, last = row["certified at s"], row["last node at s"]
+        spans = () if first is None else (("until the first node held it certified", first - previous),
+                                          ("until the last node did", last - first))
+        points.append(RoundPoint(round=row["round"], start=previous if spans else None, spans=spans))
+        previous = first if first is not None else previous
+    contributions = {row["node"]: row["in certified set"] for row in table_rows(report, "Contributions") or []}
+    return Series(title=f"netsim {report['scenario']}", rounds=tuple(points),
+                  time_axis="virtual seconds since the run's creation", contributions=contributions,
+                  contribution_rounds=sum(1 for point in points if point.spans),
+                  no_loss="the simulator models training time: it trains no model, so there is no loss")

@@ -6,10 +6,13 @@ Modules, from the bottom up:
   link bandwidth, per-node upload/download capacity); pure arithmetic.
 * `pipe`: a connection's two bounded one-way pipes (back-pressure, EOF,
   reset) and `SimStream`, the socket py-libp2p sees.
-* `nat`: NAT boxes as tables (mapping x filtering), sans-IO; pair questions
-  (`reachable`, `hole_punch_succeeds`).
-* `network`: the address space, routing through NATs, partitions, crashes,
-  and the log of every dial.
+* `nat`: NAT boxes as tables (mapping x filtering x port allocation), sans-IO.
+* `addressing`: address realms (the internet, each box's inside; boxes
+  behind boxes: a CGNAT) and the routing rule through them, sans-IO.
+* `nat_model`: the pair questions (`reachable`, `hole_punch_succeeds`,
+  `best_path`), replayed on fresh boxes for any chain of boxes.
+* `network`: the nodes, boxes and address plan, liveness, partitions,
+  crashes, TCP simultaneous open, and the log of every dial.
 * `transport`: `SimTransport`, py-libp2p's `ITransport` over the network.
 * `node`: `SimNode`, a host built by `locomesh.node.host.build_host` with a
   `SimTransport`; services, Byzantine hooks, crash.

@@ -17,36 +17,58 @@ Theory of operation (RFC 4787 terms). A NAT has two independent behaviours:
 The four classic NAT types are pairs of those (`NAT_BEHAVIOURS`), and the two
 tables `MAPPING_KEY` and `FILTER_KEY` say, for each behaviour, which part of
 the remote endpoint the NAT remembers. The whole NAT is then two dictionaries
-(`NatBox`), with no clock and no I/O: the network calls `outbound` when a
-node behind the box opens a connection and `inbound` when a connection
-attempt arrives at the box's public address.
+(`NatBox`), with no clock and no I/O: whoever routes packets calls `outbound`
+when an endpoint behind the box opens a flow and `inbound` when a packet
+arrives at the box's public address (`netsim.addressing` does, for the
+`Network`).
 
-Public ports: an endpoint-independent box *preserves the port* (the public
-port is the inside port while no other inside endpoint holds it), as Linux
-masquerade and most home routers do, and as libp2p's hole puncher assumes when
-it advertises <observed ip>:<listen port>; a taken port, and every flow of a
-symmetric box, gets the next port in sequence from `FIRST_PUBLIC_PORT`, so a
-symmetric NAT's next port is predictable only by counting.
+Public ports (`PortAllocation`), a third behaviour, independent of the other
+two:
+
+* ``preserve`` (the default for EIM boxes): the public port is the inside
+  port while no other inside endpoint holds it, as Linux masquerade and most
+  home routers do, and as py-libp2p's hole puncher assumes when it advertises
+  <observed ip>:<listen port>. A port already taken (two hosts behind one box
+  both listening on 4001: the second is *remapped*) gets the next port in
+  sequence from `FIRST_PUBLIC_PORT`.
+* ``sequential`` (the default for symmetric boxes): every new mapping takes
+  the next free port from `FIRST_PUBLIC_PORT`, never the inside port; a
+  symmetric NAT's next port is then predictable only by counting.
+* ``random``: every new mapping takes a port drawn from the box's seeded
+  generator in [`RANDOM_PORTS`], never the inside port: an EIM box "without
+  port preservation", as many carrier-grade NATs and some home routers are.
+  Only the port a peer *observed* leads back in.
+
+Where boxes sit is not the box's business: a box has one outside address,
+and may itself sit behind another box (a home router behind a carrier-grade
+NAT, CGNAT, is double NAT; a CGNAT is simply a box that several hosts and
+home routers share, so they all have its outside address and collide on
+ports). `netsim.addressing` keeps the address spaces and routes through
+the boxes.
 
 Simplifications, on purpose: mappings live as long as the box (no idle
-timeout; a crash of the box, `reset`, forgets them); no hairpinning (a
-node cannot reach a neighbour through their shared NAT's public address).
-Nodes open outbound connections from their listening port (as go-libp2p
-does with SO_REUSEPORT), so with an EIM NAT the public endpoint a peer
-observes leads back to the listener.
+timeout; a crash of the box, `reset`, forgets them); **no hairpinning**
+(a host cannot reach a neighbour behind the same box at their shared public
+address, not even through a CGNAT they share: the packet is dropped, as by
+most CGNATs and many home routers; they reach each other only at addresses
+of the realm they share). Nodes open outbound connections from their
+listening port (as go-libp2p does with SO_REUSEPORT), so with an EIM box the
+public endpoint a peer observes leads back to the listener.
 
-`reachable(dialer, target)` and `hole_punch_succeeds(a, b)` replay these
-rules on fresh boxes to answer the classic questions for a pair of NAT types.
+The pair questions (can A dial B, does a hole punch work, for given chains
+of boxes) replay these rules on fresh boxes: `netsim.nat_model`.
 """
 
 from __future__ import annotations
 
 import enum
+import random
 from collections.abc import Callable, Hashable
 
 Endpoint = tuple[str, int]
 
 FIRST_PUBLIC_PORT = 40000
+RANDOM_PORTS = (1024, 65535)  # inclusive: where a `random` box draws its public ports
 
 
 class Mapping(enum.Enum):
@@ -58,6 +80,14 @@ class Filtering(enum.Enum):
     ENDPOINT_INDEPENDENT = "endpoint-independent"
     ADDRESS_DEPENDENT = "address-dependent"
     ADDRESS_AND_PORT_DEPENDENT = "address-and-port-dependent"
+
+
+class PortAllocation(enum.Enum):
+    """How a box picks the public port of a new mapping (see the module docstring)."""
+
+    PRESERVE = "preserve"
+    SEQUENTIAL = "sequential"
+    RANDOM = "random"
 
 
 class NatType(enum.Enum):
@@ -91,16 +121,33 @@ FILTER_KEY: dict[Filtering, Callable[[Endpoint], Hashable]] = {
 }
 
 
-class NatBox:
-    """One NAT: a public IP, its mappings and its filters. Several nodes may sit behind it."""
+def default_ports(nat_type: NatType) -> PortAllocation:
+    """The port allocation a box of `nat_type` gets unless told otherwise: EIM preserves, EDM counts."""
+    mapping, _ = NAT_BEHAVIOURS[nat_type]
+    return PortAllocation.PRESERVE if mapping is Mapping.ENDPOINT_INDEPENDENT else PortAllocation.SEQUENTIAL
 
-    def __init__(self, public_ip: str, nat_type: NatType) -> None:
+
+class NatBox:
+    """One NAT: a public IP, its mappings and its filters. Several nodes (and boxes) may sit behind it."""
+
+    def __init__(
+        self, public_ip: str, nat_type: NatType, *, ports: PortAllocation | None = None, seed: int = 0
+    ) -> None:
         if nat_type is NatType.PUBLIC:
             raise ValueError("a public node has no NAT box")
         self.public_ip = public_ip
         self.nat_type = nat_type
         self.mapping, self.filtering = NAT_BEHAVIOURS[nat_type]
+        self.ports = ports or default_ports(nat_type)
+        self._rng = random.Random(seed)  # draws the ports of a `random` box; not reseeded by `reset`
         self.reset()
+
+    @property
+    def label(self) -> str:
+        """The NAT type, and the port allocation when it is not the type's default (for reports)."""
+        if self.ports is default_ports(self.nat_type):
+            return self.nat_type.value
+        return f"{self.nat_type.value}/{self.ports.value}"
 
     def reset(self) -> None:
         """Forget every mapping (the box rebooted)."""
@@ -125,13 +172,24 @@ class NatBox:
         return (self.public_ip, port)
 
     def _public_port_for(self, inside: Endpoint) -> int:
-        """The inside port itself when this box preserves ports and it is free, else the next one."""
-        if self.mapping is Mapping.ENDPOINT_INDEPENDENT and inside[1] not in self._inside:
+        """A free public port for a new mapping of `inside`, by this box's `PortAllocation`."""
+        if self.ports is PortAllocation.PRESERVE and inside[1] not in self._inside:
             return inside[1]
-        while self._next_port in self._inside:
+        if self.ports is PortAllocation.RANDOM:
+            return self._random_port(avoid=inside[1])
+        while self._next_port in self._inside or self._next_port == inside[1]:
             self._next_port += 1
         port, self._next_port = self._next_port, self._next_port + 1
         return port
+
+    def _random_port(self, *, avoid: int) -> int:
+        low, high = RANDOM_PORTS
+        if len(self._inside) >= high - low:
+            raise RuntimeError(f"NAT {self.public_ip} has no free port left")
+        while True:
+            port = self._rng.randint(low, high)
+            if port != avoid and port not in self._inside:
+                return port
 
     def inbound(self, public_port: int, remote: Endpoint) -> Endpoint | None:
         """The inside endpoint a packet from `remote` to `public_port` reaches, or None if dropped."""
@@ -145,51 +203,3 @@ class NatBox:
     def inside_of(self, public_port: int) -> Endpoint | None:
         """The inside endpoint `public_port` maps to, filters aside (for reports)."""
         return self._inside.get(public_port)
-
-
-# --- Pair questions, answered by replaying the rules on fresh boxes -----------------------------
-
-_OBSERVER: Endpoint = ("198.51.100.1", 4001)  # a public peer both sides talked to first
-
-
-def _attach(nat_type: NatType, public_ip: str, inside: Endpoint) -> tuple[NatBox | None, Endpoint]:
-    """A fresh box (None for PUBLIC) and the endpoint the world saw when `inside` talked to the observer."""
-    if nat_type is NatType.PUBLIC:
-        return None, (public_ip, inside[1])
-    box = NatBox(public_ip, nat_type)
-    return box, box.outbound(inside, _OBSERVER)
-
-
-def _send(box: NatBox | None, inside: Endpoint, public: Endpoint, remote: Endpoint) -> Endpoint:
-    return public if box is None else box.outbound(inside, remote)
-
-
-def _admits(box: NatBox | None, inside: Endpoint, target: Endpoint, source: Endpoint) -> bool:
-    if box is None:
-        return target == (target[0], inside[1])
-    return box.inbound(target[1], source) == inside
-
-
-def reachable(dialer: NatType, target: NatType) -> bool:
-    """Can `dialer` open a connection to the address the observer saw for `target` (no help from target)?"""
-    inside_a, inside_b = ("10.0.0.1", 4001), ("10.0.0.2", 4001)
-    box_a, _ = _attach(dialer, "203.0.113.1", inside_a)
-    box_b, seen_b = _attach(target, "203.0.113.2", inside_b)
-    source = _send(box_a, inside_a, ("203.0.113.1", 4001), seen_b)
-    return _admits(box_b, inside_b, seen_b, source)
-
-
-def hole_punch_succeeds(a: NatType, b: NatType) -> bool:
-    """Do simultaneous dials to each other's observed addresses connect (TCP simultaneous open)?
-
-    Both sides first talk to a public observer (that is how each learns the
-    other's address), then each sends to the address the observer saw for the
-    other. One admitted direction suffices: the SYN that gets through meets a
-    socket in SYN-SENT and the connection opens.
-    """
-    inside_a, inside_b = ("10.0.0.1", 4001), ("10.0.0.2", 4001)
-    box_a, seen_a = _attach(a, "203.0.113.1", inside_a)
-    box_b, seen_b = _attach(b, "203.0.113.2", inside_b)
-    source_a = _send(box_a, inside_a, seen_a, seen_b)
-    source_b = _send(box_b, inside_b, seen_b, seen_a)
-    return _admits(box_b, inside_b, seen_b, source_a) or _admits(box_a, inside_a, seen_a, source_b)

@@ -23,7 +23,9 @@ Scenarios decide whom a node dials.
 
 Daemon services (`locomesh.node.service.Service`, e.g. the NAT traversal
 ones) are added to `services` before the node starts; they run after the
-stream handlers, in order, as in the daemon.
+stream handlers, in order, as in the daemon. Peers in `bootstrap` are kept
+connected by the `Node` itself (dialled at start, and again with backoff
+whenever the connection drops), as the daemon's bootstrap list.
 
 Byzantine behaviour enters through `hooks` (`ByzantineHooks`): a scenario can
 replace a service's handler, or rewrite or drop every frame a service sends.
@@ -113,6 +115,7 @@ class SimNode:
         self.hooks = ByzantineHooks()
         self.handlers: dict[str, _Handler] = {}
         self.services: list[Service] = []  # daemon services run after the handlers (e.g. NAT traversal)
+        self.bootstrap: list[tuple[ID, Endpoint]] = []  # kept connected by its `Node`, as the daemon's list
         self.node: Node | None = None
         self.nursery: trio.Nursery | None = None
         self._errors: Counter[str] = Counter()
@@ -154,6 +157,7 @@ class SimNode:
             listen_addrs=[multiaddr_of(self.listen_addr)],
             transports=[SimTransport(self.network, self.interface)],
             services=[_HandlerService(self), *self.services],
+            bootstrap=[multiaddr_of(endpoint).encapsulate(f"/p2p/{peer}") for peer, endpoint in self.bootstrap],
             rng=self.rng,
         )
         self.node = node

@@ -79,11 +79,12 @@ class Simulation:
         name: str,
         *,
         nat: NatBox | None = None,
+        ip: str | None = None,
         profile: LinkProfile = LinkProfile(),
         capacity: Capacity = Capacity(),
     ) -> SimNode:
-        """A node with a seed-derived identity, attached to the network (not started yet)."""
-        interface = self.network.attach(name, nat=nat, profile=profile, capacity=capacity)
+        """A node with a seed-derived identity, attached to the network (not started; `ip`: `Network.attach`'s)."""
+        interface = self.network.attach(name, nat=nat, ip=ip, profile=profile, capacity=capacity)
         identity = Identity.from_seed(hashlib.sha256(f"{self.seed}/identity/{name}".encode()).digest())
         node = SimNode(name, identity, interface, self.network, rng=self.rng_for(f"node/{name}"))
         self.nodes[name] = node

@@ -52,3 +52,24 @@ def test_sim_refuses_a_bad_scenario_option_before_it_starts(option, complaint, c
     assert main(["sim", "train", "--report", str(tmp_path / "r.json"), "-o", option]) == 2
     assert complaint in capsys.readouterr().err
     assert not (tmp_path / "r.json").exists()
+
+
+def test_sim_train_draws_the_plots_of_its_rounds_beside_the_report(tmp_path, capsys):
+    path = tmp_path / "train.json"
+    assert main(["sim", "train", "--nodes", "4", "--seed", "2", "--report", str(path), "-o", "rounds=2",
+                 "-o", "inner-steps=5"]) == 0
+    report = json.loads(path.read_text())
+    contributions = next(entry for entry in report["tables"] if entry["title"] == "Contributions")
+    assert contributions["rows"] == [[f"n000{i}", "honest", 2] for i in range(4)]  # all four in both certified sets
+    for name in ("round_timeline", "contributions"):
+        png = tmp_path / f"train-{name}.png"
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+        assert f"](train-{name}.png)" in path.with_suffix(".md").read_text()
+    assert not (tmp_path / "train-loss_by_round.png").exists()
+    assert "not drawn: loss by round: the simulator models training time" in capsys.readouterr().out
+
+
+def test_sim_without_rounds_draws_no_plot(tmp_path):
+    assert main(["sim", "connectivity", "--nodes", "5", "--seed", "1", "--report", str(tmp_path / "c.json")]) == 0
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["c.json", "c.md"]
+    assert "## Plots" not in (tmp_path / "c.md").read_text()

@@ -26,7 +26,8 @@ def parse_options(scenario: str, settings: Iterable[str]) -> dict[str, object]:
 
     Raises ValueError naming the setting when a key is unknown, a value does not parse as its
     option's type (bool: true/false/yes/no/1/0), or a number is negative or not finite (every
-    option is a count, a duration, a size or a rate).
+    numeric option is a count, a duration, a size or a rate). A text option takes the text as it
+    is; its scenario checks it.
     """
     defaults = option_defaults(scenario)
     options: dict[str, object] = {}
@@ -48,6 +49,8 @@ def _parse_value(key: str, text: str, default: object) -> object:
         if text.lower() not in words:
             raise ValueError(f"option {key} takes true or false, not {text!r}")
         return words[text.lower()]
+    if isinstance(default, str):
+        return text
     kind = type(default)
     if kind not in (int, float):
         raise ValueError(f"option {key} cannot be set from the command line")

@@ -36,7 +36,8 @@ from libp2p.peer.id import ID
 
 from ..flood import Flood
 from ..links import Capacity, LinkProfile
-from ..nat import NatBox, NatType, hole_punch_succeeds, reachable
+from ..nat import NatBox, NatType
+from ..nat_model import hole_punch_succeeds, reachable
 from ..network import DialOutcome
 from ..node import SimNode
 from ..pex import PeerEntry, PeerExchange
