@@ -11,6 +11,8 @@ the shutdown short.
 from __future__ import annotations
 
 import argparse
+import logging
+import os
 import sys
 import time
 
@@ -36,7 +38,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     start.add_argument("--rpc-port", type=int, metavar="N", help="local RPC port on 127.0.0.1 (0: any free port)")
     start.add_argument("--log-format", choices=("text", "json"), help="log lines on stderr (default: text)")
     start.add_argument("--log-level", choices=("debug", "info", "warning", "error"), help="default: info")
-    start.add_argument("--attack", metavar="NAME", help="test adversary: commit this attack's payloads (see node/config.py)")
+    start.add_argument("--attack", metavar="NAME", help="test adversary: commit the named attack's payloads instead of "
+                       "its own (e.g. sign_flip_x100; a wrong name is refused with the list of attacks)")
     start.add_argument(
         "--no-upnp", action="store_true", help="do not ask the home router to forward our port (NAT-PMP, UPnP)"
     )
@@ -63,7 +66,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def start_daemon(args: argparse.Namespace) -> int:
-    from locomesh.node.config import ConfigError, load_config
+    from locomesh.node.config import ConfigError, load_config, unknown_variables
     from locomesh.node.logs import configure_logging
 
     flags = {
@@ -83,6 +86,8 @@ def start_daemon(args: argparse.Namespace) -> int:
     except ConfigError as error:
         return fail(f"configuration: {error}", EXIT_USAGE)
     configure_logging(level=config.log_level, fmt=config.log_format)
+    for warning in unknown_variables(os.environ):
+        logging.getLogger("locomesh.node.config").warning("%s", warning)
 
     from locomesh.node.daemon import run_daemon  # the heavy import (libp2p), only now
     from locomesh.node.datadir import DataDirError, IdentityError
@@ -95,8 +100,6 @@ def start_daemon(args: argparse.Namespace) -> int:
     except ListenError as error:
         return fail(str(error), EXIT_ERROR)
     except Exception:  # noqa: BLE001 - log it whole, exit non-zero
-        import logging
-
         logging.getLogger("locomesh.node").exception("the daemon failed")
         return EXIT_ERROR
 

@@ -42,6 +42,7 @@ def format_status(status: dict[str, Any]) -> str:
         ("version", status.get("version")),
         ("uptime", _duration(status.get("uptime_s", 0))),
         ("peers connected", status.get("peers_connected")),
+        ("bootstrap", _bootstrap_row(status.get("bootstrap"))),
         ("bytes in / out", f"{human_size(status.get('bytes_in', 0))} / {human_size(status.get('bytes_out', 0))}"),
         ("protocol errors", status.get("protocol_errors")),
         ("services", ", ".join(status.get("services", [])) or "-"),
@@ -52,6 +53,13 @@ def format_status(status: dict[str, Any]) -> str:
         addresses = status.get(key) or ["-"]
         rows.extend((label if index == 0 else "", address) for index, address in enumerate(addresses))
     return TextTable.pairs(rows)
+
+
+def _bootstrap_row(bootstrap: dict[str, int] | None) -> str:
+    """"1/2 connected", or why there is nothing to count."""
+    if not bootstrap or not bootstrap.get("configured"):
+        return "none configured"
+    return f"{bootstrap['connected']}/{bootstrap['configured']} connected"
 
 
 def _nat_rows(status: dict[str, Any]) -> list[tuple[str, Any]]:

@@ -56,6 +56,7 @@ async def keep_connected(
     `dial(address)` connects or raises; `is_connected()` says whether the
     peer is connected now.
     """
+    last_cause = ""
     while True:
         if is_connected():
             backoff.reset()
@@ -66,9 +67,14 @@ async def keep_connected(
                 await dial(address)
         except Exception as error:  # noqa: BLE001 - any dial failure means: try again later
             delay = backoff.next_delay()
-            logger.info("bootstrap dial to %s failed (%s); retrying in %.1f s", address, _describe(error), delay)
+            cause = _describe(error)
+            # A new cause is worth a warning; the same one again, retry after retry, only an info line.
+            level = logging.WARNING if cause != last_cause else logging.INFO
+            logger.log(level, "bootstrap dial to %s failed (%s); retrying in %.1f s", address, cause, delay)
+            last_cause = cause
             await trio.sleep(delay)
             continue
+        last_cause = ""
         if is_connected():
             logger.info("connected to bootstrap peer %s", address)
             backoff.reset()
@@ -82,6 +88,15 @@ async def keep_connected(
 
 
 def _describe(error: BaseException) -> str:
+    """What went wrong, in words a person can act on."""
     if isinstance(error, trio.TooSlowError):
         return "timed out"
+    seen: BaseException | None = error
+    while seen is not None:
+        # py-libp2p's Noise handshake: the key the node at the address proved is not the one the
+        # /p2p/ part of the bootstrap address names (a wrong or outdated peer ID).
+        if type(seen).__name__ == "PeerIDMismatchesPubkey":
+            actual = str(seen).rsplit("remote_peer_id_from_pubkey=", 1)[-1].strip()
+            return f"peer ID mismatch: the node at this address is {actual[:60]}; fix the /p2p/ part of the address"
+        seen = seen.__cause__ or seen.__context__
     return f"{type(error).__name__}: {error}"[:200]

@@ -59,6 +59,7 @@ with the `multiaddr` package alone.
 
 from __future__ import annotations
 
+import difflib
 import os
 import tomllib
 from collections.abc import Mapping
@@ -145,6 +146,20 @@ _SETTABLE = (
     "listen", "bootstrap", "rpc_port", "log_format", "log_level", "attack", "relay", "nat_traversal", "port_mapping",
     "archive", "device", "local_workers",
 )
+
+
+def unknown_variables(environ: Mapping[str, str]) -> list[str]:
+    """One warning per ``LOCOMESH_*`` variable this configuration does not read (a typo is otherwise
+    silently ignored), naming the closest known variable."""
+    known = [key.upper() for key in (*_SETTABLE, "data_dir", "config")]
+    warnings = []
+    for name in sorted(environ):
+        if name.startswith(ENV_PREFIX) and name[len(ENV_PREFIX):] not in known:
+            close = difflib.get_close_matches(name[len(ENV_PREFIX):], known, n=1)
+            hint = (f" (did you mean {ENV_PREFIX}{close[0]}?)" if close
+                    else f" (known: {', '.join(ENV_PREFIX + key for key in known)})")
+            warnings.append(f"environment variable {name} is not a locomesh setting; ignored{hint}")
+    return warnings
 
 
 def default_data_dir() -> Path:

@@ -38,6 +38,7 @@ from locomesh.node.config import NodeConfig
 from locomesh.node.dashboard import Dashboard
 from locomesh.node.datadir import DataDir, RpcInfo, load_or_create_identity
 from locomesh.node.host import addresses_in_use
+from locomesh.node.logs import join_libp2p_logging
 from locomesh.node.ping import PingService
 from locomesh.node.rpc.dispatch import RpcDispatcher
 from locomesh.node.rpc.server import RpcServer
@@ -66,16 +67,18 @@ def run_daemon(config: NodeConfig, *, services: ServiceFactory = default_service
     something listens on one of our addresses already, and `ListenError` if an
     address cannot be listened on for another reason.
     """
+    join_libp2p_logging()  # libp2p is imported by now (this module imports it)
     datadir = DataDir(config.data_dir)
     datadir.lock()
     try:
-        busy = addresses_in_use([Multiaddr(address) for address in config.listen])
+        listen = _with_last_port(config.listen, datadir.last_listen_port())
+        busy = addresses_in_use(listen)
         if busy:
             raise AddressInUse(f"address in use: {', '.join(str(address) for address in busy)}")
         _remove_stray_temporaries(datadir)
         identity = load_or_create_identity(datadir.identity_path)
         try:
-            trio.run(_serve, config, datadir, identity, services)
+            trio.run(_serve, config, listen, datadir, identity, services)
         except BaseExceptionGroup as group:
             raise sole_exception(group) from None
         logger.info("stopped cleanly")
@@ -83,6 +86,34 @@ def run_daemon(config: NodeConfig, *, services: ServiceFactory = default_service
     finally:
         datadir.remove_rpc_files()
         datadir.unlock()
+
+
+def _with_last_port(listen: Sequence[str], last_port: int | None) -> list[Multiaddr]:
+    """`listen`, where a TCP address asks for any port (0), the port this data dir listened on last, if it
+    is free now: peers' records of us, and a port forward a user made, stay right across restarts."""
+    addresses = [Multiaddr(address) for address in listen]
+    if last_port is None:
+        return addresses
+    kept = []
+    for address in addresses:
+        text = str(address)
+        if text.endswith("/tcp/0"):
+            candidate = Multiaddr(text[: -len("0")] + str(last_port))
+            address = address if addresses_in_use([candidate]) else candidate
+        kept.append(address)
+    return kept
+
+
+def _remember_listen_port(node: Node, datadir: DataDir) -> None:
+    """Write the TCP port we listen on, for the next start (`_with_last_port`)."""
+    for address in node.host.get_transport_addrs():
+        try:
+            port = int(address.value_for_protocol("tcp"))
+        except Exception:  # noqa: BLE001 - a non-TCP address has no port to keep
+            continue
+        if port:
+            datadir.write_listen_port(port)
+            return
 
 
 def _ping_service(services: Sequence[Service]) -> PingService | None:
@@ -97,11 +128,13 @@ def _remove_stray_temporaries(datadir: DataDir) -> None:
         logger.info("removed %d temporary files left by an earlier daemon that stopped mid-write", removed)
 
 
-async def _serve(config: NodeConfig, datadir: DataDir, identity: Identity, services: ServiceFactory) -> None:
+async def _serve(
+    config: NodeConfig, listen: list[Multiaddr], datadir: DataDir, identity: Identity, services: ServiceFactory
+) -> None:
     built = services(config)
     node = Node.create(
         identity,
-        listen_addrs=[Multiaddr(address) for address in config.listen],
+        listen_addrs=listen,
         services=built,
         bootstrap=[Multiaddr(address) for address in config.bootstrap],
     )
@@ -125,6 +158,7 @@ async def _serve(config: NodeConfig, datadir: DataDir, identity: Identity, servi
         try:
             async with trio.open_nursery() as nursery:
                 await nursery.start(node.run)
+                _remember_listen_port(node, datadir)
                 port = await nursery.start(server.run, config.rpc_port)
                 datadir.write_rpc_info(RpcInfo(port=port, pid=os.getpid(), peer_id=node.peer_id))
                 logger.info("ready: peer %s, RPC and dashboard on 127.0.0.1:%d, data dir %s", node.peer_id, port, config.data_dir)

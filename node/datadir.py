@@ -6,6 +6,7 @@
         daemon.lock    held with an exclusive fcntl lock while a daemon runs; holds its PID
         rpc.json       {"port", "pid", "peer_id"}: where the running daemon's RPC listens
         rpc.cookie     the RPC secret for this start (0600), 64 hex characters
+        listen.port    the TCP port it last listened on; a listen address with port 0 takes it again if free
         runs/          the runs it knows (`locomesh.node.runs.store`)
         crdt/          each run's op log: every op it applied there (`locomesh.node.replication.op_log`)
         checkpoints/   the checkpoint store: states, payloads, datasets (`locomesh.node.transfer.store`)
@@ -38,6 +39,7 @@ from locomesh.protocol import Identity
 
 IDENTITY_FILE = "identity.key"
 LOCK_FILE = "daemon.lock"
+LISTEN_PORT_FILE = "listen.port"
 RPC_INFO_FILE = "rpc.json"
 COOKIE_FILE = "rpc.cookie"
 CHECKPOINT_DIR = "checkpoints"
@@ -102,6 +104,17 @@ class DataDir:
     def write_rpc_info(self, info: RpcInfo) -> None:
         data = json.dumps({"port": info.port, "pid": info.pid, "peer_id": info.peer_id}).encode()
         atomic_write(self.path / RPC_INFO_FILE, data, mode=0o644)
+
+    def last_listen_port(self) -> int | None:
+        """The TCP port the last daemon on this data dir listened on, if it wrote one that parses."""
+        try:
+            text = (self.path / LISTEN_PORT_FILE).read_text(encoding="ascii").strip()
+        except (OSError, UnicodeDecodeError):
+            return None
+        return int(text) if text.isdigit() and 0 < int(text) < 65536 else None
+
+    def write_listen_port(self, port: int) -> None:
+        atomic_write(self.path / LISTEN_PORT_FILE, f"{port}\n".encode("ascii"), mode=0o644)
 
     def remove_rpc_files(self) -> None:
         for name in (RPC_INFO_FILE, COOKIE_FILE):

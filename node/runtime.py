@@ -284,6 +284,10 @@ class Node:
             "bytes_out": self.meter.bytes_out,
             "protocol_errors": int(sum(self._protocol_errors.values.values())),
             "services": [service.name for service in self.services],
+            "bootstrap": {
+                "configured": len(self.bootstrap),
+                "connected": sum(_peer_of(address) in self.peers for address in self.bootstrap),
+            },
         }
         status.update({name: value() for name, value in self._status_fields.items()})
         return status

@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+from collections.abc import Iterable
 
 from typing import Any
 
@@ -18,6 +19,8 @@ from .errors import ProtocolError
 from .identity import Identity
 from .kinds import RUN_ID_SIZE, RUN_MANIFEST
 
+_BASE32 = frozenset("abcdefghijklmnopqrstuvwxyz234567")
+MIN_PREFIX_CHARS = 8  # 40 bits: enough to tell apart the runs any one node knows
 SHORT_ID_CHARS = 16
 
 
@@ -78,18 +81,50 @@ def short_run_id(run: bytes) -> str:
     return format_run_id(run)[:SHORT_ID_CHARS]
 
 
-def parse_run_id(text: str) -> bytes:
-    """A full run ID from its base32 form (any case) or 64 hex digits, or `ProtocolError`."""
+def parse_run_id(text: str, known: Iterable[bytes] = ()) -> bytes:
+    """A run ID from its full base32 form (any case), 64 hex digits, or a prefix of the base32 form
+    (at least `MIN_PREFIX_CHARS`) that exactly one of the `known` IDs starts with; else `ProtocolError`.
+
+    A full base32 form must be the canonical one: 52 characters carry 260 bits, the last 4 of
+    them unused, so a mistyped last character could decode to the same ID as the right one.
+    """
     text = text.strip()
+    if len(text) == 2 * RUN_ID_SIZE:
+        return _from_hex(text)
+    if len(text) == 52:
+        return _from_base32(text)
+    if MIN_PREFIX_CHARS <= len(text) < 52 and set(text.lower()) <= _BASE32:
+        return _from_prefix(text.lower(), known)
+    raise ProtocolError("bad-run-id", f"{text[:60]!r} is not a run ID (52 base32 characters, 64 hex digits, or a "
+                                      f"prefix of at least {MIN_PREFIX_CHARS} characters of a run this node knows)")
+
+
+def _from_hex(text: str) -> bytes:
     try:
-        if len(text) == 2 * RUN_ID_SIZE:
-            raw = bytes.fromhex(text)
-        elif len(text) == 52:
-            raw = base64.b32decode(text.upper() + "====")
-        else:
-            raw = b""
-    except (ValueError, binascii.Error):
+        raw = bytes.fromhex(text)
+    except ValueError:
         raw = b""
-    if len(raw) == RUN_ID_SIZE:  # fromhex skips inner whitespace: 64 characters can be fewer bytes
-        return raw
-    raise ProtocolError("bad-run-id", f"{text[:60]!r} is not a full run ID (52 base32 characters or 64 hex digits)")
+    if len(raw) != RUN_ID_SIZE:  # fromhex skips inner whitespace: 64 characters can be fewer bytes
+        raise ProtocolError("bad-run-id", f"{text[:60]!r} is not a run ID (64 hex digits)")
+    return raw
+
+
+def _from_base32(text: str) -> bytes:
+    try:
+        raw = base64.b32decode(text.upper() + "====")
+    except (ValueError, binascii.Error):
+        raise ProtocolError("bad-run-id", f"{text!r} is not a run ID (not base32)") from None
+    if format_run_id(raw) != text.lower():
+        raise ProtocolError("bad-run-id", f"{text!r} is not a run ID: no run ID ends in {text[-1]!r} "
+                                          f"(a typo? `locomesh run list` shows the IDs this node knows)")
+    return raw
+
+
+def _from_prefix(prefix: str, known: Iterable[bytes]) -> bytes:
+    matches = [run for run in known if format_run_id(run).startswith(prefix)]
+    if len(matches) == 1:
+        return matches[0]
+    if not matches:
+        raise ProtocolError("bad-run-id", f"no run this node knows starts with {prefix!r}: give the full ID "
+                                          f"(52 characters; `locomesh run list` shows it, or ask the run's creator)")
+    raise ProtocolError("bad-run-id", f"{prefix!r} starts {len(matches)} known runs: give more characters")

@@ -65,12 +65,14 @@ def test_status_table():
         "runs": [],
         "listen_addrs": ["/ip4/127.0.0.1/tcp/1/p2p/12D3KooWX", "/ip4/10.0.0.1/tcp/1/p2p/12D3KooWX"],
         "observed_addrs": [],
+        "bootstrap": {"configured": 2, "connected": 0},
     }
     assert format_status(status).splitlines() == [
         "peer id          12D3KooWX",
         "version          0.1.0",
         "uptime           1h 02m 05s",
         "peers connected  2",
+        "bootstrap        0/2 connected",
         "bytes in / out   1.5 KiB / 10 B",
         "protocol errors  0",
         "services         ping",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import hashlib
 
 import msgpack
@@ -26,6 +27,26 @@ def test_run_id_is_the_hash_of_the_signed_manifest_and_has_a_short_form():
     assert parse_run_id(text) == parse_run_id(text.upper()) == parse_run_id(run.hex()) == run
     with pytest.raises(ProtocolError, match="bad-run-id"):
         parse_run_id(text[:16])
+
+
+def test_a_run_id_is_taken_only_whole_and_canonical_or_as_a_unique_known_prefix():
+    first, second = (run_id(sign_manifest(ALICE, task="synthetic", created=created)) for created in (5, 6))
+    text = format_run_id(first)
+    assert text[-1] in "aq"  # 52 characters carry 260 bits: the last 4 are always zero
+    typo = text[:-1] + {"a": "b", "q": "r"}[text[-1]]  # decodes to the same bytes
+    with pytest.raises(ProtocolError, match="no run ID ends in"):
+        parse_run_id(typo)
+    assert parse_run_id(text[:16], [first, second]) == first == parse_run_id(text[:8].upper(), [second, first])
+    with pytest.raises(ProtocolError, match="no run this node knows starts with"):
+        parse_run_id(text[:16], [second])
+    with pytest.raises(ProtocolError, match="is not a run ID"):
+        parse_run_id(text[:7], [first])  # too short to be a prefix
+    with pytest.raises(ProtocolError, match="is not a run ID"):
+        parse_run_id("not-a-run-id", [first])
+    shared = text[:8]
+    twin = base64.b32decode((shared + "a" * 44).upper() + "====")[:32]  # another ID with the same 8 first characters
+    with pytest.raises(ProtocolError, match="starts 2 known runs"):
+        parse_run_id(shared, [first, twin])
 
 
 def test_genesis_rejects_anything_but_a_signed_manifest():

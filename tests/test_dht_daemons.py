@@ -64,14 +64,18 @@ def test_a_private_run_stays_on_its_node(swarm):
     run_id = created.stdout.strip()
     assert locomesh(swarm[1], "run", "info", run_id).returncode == 0
     missing = locomesh(swarm[2], "run", "info", run_id)
-    assert missing.returncode == 1 and "no public run" in missing.stderr
+    assert missing.returncode == 1 and "no public run" in missing.stderr and "--public" in missing.stderr
+    by_prefix = locomesh(swarm[1], "run", "info", run_id[:16])  # what `run list` shows is enough where the run is known
+    assert by_prefix.returncode == 0 and run_id in by_prefix.stdout
+    typo = run_id[:-1] + {"a": "b", "q": "r"}[run_id[-1]]  # only the unused low bits of the last character differ
+    assert locomesh(swarm[1], "run", "info", typo).returncode == 1
     own_refreshed = locomesh(swarm[1], "run", "info", run_id, "--refresh")  # only another peer's copy counts
     assert own_refreshed.returncode == 1 and "no public run" in own_refreshed.stderr
 
 
 def test_bad_arguments_are_clear_errors(swarm):
     bad_id = locomesh(swarm[0], "run", "info", "not-a-run-id")
-    assert bad_id.returncode == 1 and "not a full run ID" in bad_id.stderr
+    assert bad_id.returncode == 1 and "is not a run ID" in bad_id.stderr
     bad_set = locomesh(swarm[0], "run", "create", "--task", "toy", "--set", "novalue")
     assert bad_set.returncode == 2 and "KEY=VALUE" in bad_set.stderr
 

@@ -134,3 +134,15 @@ def test_the_device_is_checked_without_torch(tmp_path):
             f"config = load_config(data_dir={str(tmp_path)!r}, environ={{}}, flags={{'device': 'cuda:7'}}); "
             "assert config.device == 'cuda:7'; assert 'torch' not in sys.modules, 'torch was imported'")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_unknown_locomesh_variables_are_named_with_the_closest_setting():
+    from locomesh.node.config import unknown_variables
+
+    environ = {"LOCOMESH_RELAY": "on", "LOCOMESH_DATA_DIR": "/x", "LOCOMESH_BOOTSTAP": "a", "LOCOMESH_ZZZ": "1", "PATH": "/bin"}
+    warnings = unknown_variables(environ)
+    assert len(warnings) == 2
+    assert warnings[0].startswith("environment variable LOCOMESH_BOOTSTAP is not a locomesh setting")
+    assert "did you mean LOCOMESH_BOOTSTRAP?" in warnings[0]
+    assert "LOCOMESH_ZZZ" in warnings[1] and "known: LOCOMESH_LISTEN" in warnings[1]
+

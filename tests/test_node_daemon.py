@@ -123,6 +123,8 @@ def test_status_json_and_table(swarm):
     assert status["peer_id"].startswith("12D3KooW")
     assert status["bytes_in"] > 0 and status["bytes_out"] > 0 and status["uptime_s"] > 0
     assert status["listen_addrs"][0].startswith("/ip4/127.0.0.1/tcp/")
+    assert status["bootstrap"] == {"configured": 0, "connected": 0}
+    assert status_of(swarm[1])["bootstrap"] == {"configured": 1, "connected": 1}
     table = locomesh("status", "--data-dir", str(first.data_dir))
     assert table.returncode == 0 and status["peer_id"] in table.stdout and "peers connected  2" in table.stdout
 
@@ -140,6 +142,39 @@ def test_peers_connect_by_id(swarm):
     assert bad.returncode == 1 and "not a peer ID" in bad.stderr
     listed = locomesh("peers", "--data-dir", data_dir)  # `peers` alone still lists
     assert listed.returncode == 0 and target in listed.stdout
+
+
+def test_a_mistyped_locomesh_variable_is_named_in_the_log(tmp_path):
+    import os
+
+    with open(tmp_path / "node.log", "wb") as log:
+        daemon = DaemonProcess(tmp_path / "node", log=log, env={**os.environ, "LOCOMESH_LOG_LEVLE": "debug"}).start()
+        try:
+            daemon.wait_ready()
+        finally:
+            daemon.stop()
+    text = (tmp_path / "node.log").read_text()
+    assert "LOCOMESH_LOG_LEVLE is not a locomesh setting; ignored (did you mean LOCOMESH_LOG_LEVEL?)" in text
+
+
+def test_a_bootstrap_address_with_the_wrong_peer_id_is_named_in_a_warning(swarm, tmp_path):
+    from locomesh.protocol import Identity
+
+    real = status_of(swarm[0])
+    wrong = real["listen_addrs"][0].split("/p2p/")[0] + "/p2p/" + Identity.generate().peer_id
+    with open(tmp_path / "node.log", "wb") as log:
+        daemon = DaemonProcess(tmp_path / "node", bootstrap=[wrong], log=log).start()
+        try:
+            daemon.wait_ready()
+            wait_until(lambda: "peer ID mismatch" in (tmp_path / "node.log").read_text(), timeout=20)
+            assert daemon.rpc().call("node.status")["bootstrap"] == {"configured": 1, "connected": 0}
+        finally:
+            daemon.stop()
+    [line] = [line for line in (tmp_path / "node.log").read_text().splitlines() if "peer ID mismatch" in line][:1]
+    assert "WARNING" in line and f"the node at this address is {real['peer_id']}" in line
+    # py-libp2p's own error about the failed handshake is a DEBUG record now: not a bare line on stderr.
+    bare = [line for line in (tmp_path / "node.log").read_text().splitlines() if line and not line.startswith("20")]
+    assert bare == []
 
 
 def test_the_daemon_does_not_load_torch(swarm):
@@ -268,7 +303,8 @@ def test_an_rpc_port_in_use_exits_2_with_one_line(swarm, tmp_path):
 def test_sigterm_exits_0_and_the_peer_id_survives_a_restart(tmp_path):
     with open(tmp_path / "log", "wb") as log:
         daemon = DaemonProcess(tmp_path / "node", log=log, extra_args=["--log-format", "json"]).start()
-        peer_id = daemon.wait_ready()["peer_id"]
+        first = daemon.wait_ready()
+        peer_id = first["peer_id"]
         daemon.signal(signal.SIGTERM)
         assert daemon.wait(timeout=10) == 0
         assert not (tmp_path / "node" / "rpc.json").exists()
@@ -278,7 +314,9 @@ def test_sigterm_exits_0_and_the_peer_id_survives_a_restart(tmp_path):
         assert records[-1]["msg"] == "stopped cleanly"
         again = DaemonProcess(tmp_path / "node", log=log).start()
         try:
-            assert again.wait_ready()["peer_id"] == peer_id
+            second = again.wait_ready()
+            assert second["peer_id"] == peer_id
+            assert second["listen_addrs"] == first["listen_addrs"]  # asked for any port: the last one, still free
             result = locomesh("node", "stop", "--data-dir", str(again.data_dir))
             assert result.returncode == 0, result.stderr
             assert again.wait(timeout=10) == 0
@@ -328,3 +366,19 @@ def test_a_second_signal_exits_at_once(tmp_path):
 def _tcp_of(address: str) -> tuple[str, int]:
     parts = Path(address).parts  # "/", "ip4", HOST, "tcp", PORT, ...
     return parts[2], int(parts[4])
+
+
+def test_any_port_means_the_last_one_while_it_is_free():
+    from locomesh.node.daemon import _with_last_port
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy_port = taken.getsockname()[1]
+        assert [str(a) for a in _with_last_port(["/ip4/127.0.0.1/tcp/0"], busy_port)] == ["/ip4/127.0.0.1/tcp/0"]
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        free_port = probe.getsockname()[1]
+    listen = ["/ip4/127.0.0.1/tcp/0", "/ip4/127.0.0.1/tcp/4321"]
+    assert [str(a) for a in _with_last_port(listen, free_port)] == [f"/ip4/127.0.0.1/tcp/{free_port}", listen[1]]
+    assert [str(a) for a in _with_last_port(listen, None)] == listen

@@ -417,11 +417,12 @@ class CrdtService:
         if not isinstance(run_id, str):
             raise RpcError.invalid_params("run_id must be a string")
         try:
-            replica = self.replicas.get(parse_run_id(run_id))
+            replica = self.replicas.get(parse_run_id(run_id, self.replicas))
         except ProtocolError as error:
             raise RpcError.invalid_params(error.reason) from None
         if replica is None:
-            raise RpcError(RUN_NOT_FOUND, f"this node does not replicate run {run_id}")
+            raise RpcError(RUN_NOT_FOUND, f"this node does not replicate run {run_id}: it holds the state of the runs "
+                                          "it created or joined (locomesh run join RUN_ID)")
         state = replica.state.to_json()
         return {"run_id": format_run_id(replica.run_id), **state, "heads": len(replica.heads),
                 "pending": len(replica.pending), "wanted": len(replica.wanted()),

@@ -27,6 +27,7 @@ import functools
 import logging
 import os
 from pathlib import Path
+from collections.abc import Iterable
 from typing import Any
 
 import trio
@@ -307,24 +308,24 @@ class RoundService:
     # --- RPC ----------------------------------------------------------------------------------
 
     async def _rpc_join(self, run_id: str) -> dict[str, Any]:
-        raw_id = _parse(run_id)
+        raw_id = _parse(run_id, self._known_ids())
         manifest = await self._find_manifest(raw_id)
         first = await self.join(manifest)
         return {"run_id": format_run_id(raw_id), "joins_at": first}
 
     async def _rpc_leave(self, run_id: str) -> dict[str, Any]:
-        raw_id = _parse(run_id)
+        raw_id = _parse(run_id, self._known_ids())
         return {"run_id": format_run_id(raw_id), "last_round": await self.leave(raw_id)}
 
     async def _rpc_status(self, run_id: str) -> dict[str, Any]:
-        raw_id = _parse(run_id)
+        raw_id = _parse(run_id, self._known_ids())
         participation = self._joined(raw_id)
         return {**participation.status(), "device": participation.participant.device, "run_id": format_run_id(raw_id)}
 
     async def _rpc_export(self, run_id: str, directory: str) -> dict[str, Any]:
         """Write the run's certified model into `directory` (an absolute path) as the files of a
         checkpoint directory other tools load (`RunParticipation.export`)."""
-        raw_id = _parse(run_id)
+        raw_id = _parse(run_id, self._known_ids())
         if not isinstance(directory, str) or not os.path.isabs(directory):
             raise RpcError.invalid_params("directory must be an absolute path")
         try:
@@ -334,6 +335,9 @@ class RoundService:
         except OSError as error:
             raise RpcError(-32000, f"cannot write {directory}: {error.strerror}") from None
         return {**exported, "run_id": format_run_id(raw_id), "directory": directory}
+
+    def _known_ids(self) -> list[bytes]:
+        return [run.run_id for run in self.registry.store.runs()]
 
     def _member_peers(self) -> list[str]:
         """The peer IDs of the other members of every run we take part in."""
@@ -376,11 +380,12 @@ def _timing(hparams: dict[str, Any]) -> Timing:
     return Timing(round_deadline=settings.round_deadline_s, min_peers=settings.min_peers)
 
 
-def _parse(run_id: Any) -> bytes:
+def _parse(run_id: Any, known: Iterable[bytes]) -> bytes:
+    """`run_id` as a full ID (a unique prefix of one of the `known` IDs too); `RpcError` saying what is wrong."""
     if not isinstance(run_id, str):
         raise RpcError.invalid_params("run_id must be a string")
     try:
-        return parse_run_id(run_id)
+        return parse_run_id(run_id, known)
     except ProtocolError as error:
         raise RpcError.invalid_params(error.reason) from None
 

@@ -127,7 +127,7 @@ class RunRegistryService:
                 created=int(time.time()),
             )
         except (ProtocolError, TypeError, ValueError) as error:
-            raise RpcError.invalid_params(str(error)) from None
+            raise RpcError.invalid_params(error.reason) from None
         run = self.store.add(manifest, "created")
         published = await self._publish(run) if public else False
         return {**summary(run), "published": published}
@@ -144,7 +144,7 @@ class RunRegistryService:
         if not isinstance(refresh, bool):
             raise RpcError.invalid_params("refresh must be true or false")
         try:
-            raw_id = parse_run_id(run_id)
+            raw_id = parse_run_id(run_id, [known.run_id for known in self.store.runs()])
         except ProtocolError as error:
             raise RpcError.invalid_params(error.reason) from None
         run, source = (None if refresh else self.store.get(raw_id)), "local"
@@ -154,7 +154,8 @@ class RunRegistryService:
             except DiscoveryError as error:
                 raise RpcError(-32000, f"run lookup failed: {error}") from None
             if found is None:
-                raise RpcError(RUN_NOT_FOUND, f"no public run {run_id} found in the DHT")
+                raise RpcError(RUN_NOT_FOUND, f"no public run {run_id} found in the DHT (only a run created "
+                                              "with --public is published; a private one is found through its members)")
             run, source = self.store.add(found[0], "seen"), "dht"
         return {**summary(run), "source": source, "manifest": _jsonable(run.envelope.body)}
 
