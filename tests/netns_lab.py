@@ -308,9 +308,10 @@ def _masquerade_ruleset(*, fully_random: bool = False) -> str:
         "table ip nat {\n"
         '  chain post { type nat hook postrouting priority 100; oifname "pub" masquerade' + mapping + "; }\n"
         "}\n"
+        # Only what is addressed to the router itself needs dropping: nothing routes to the LAN from
+        # outside, so a new connection reaches it only through a port forward (a DNAT rule).
         "table ip filter {\n"
         '  chain in { type filter hook input priority 0; iifname "pub" ct state new drop; }\n'
-        '  chain inbound { type filter hook forward priority 0; iifname "pub" ct state new drop; }\n'
         "}\n"
     )
 
