@@ -8,7 +8,8 @@ from libp2p.peer.id import ID
 from multiaddr import Multiaddr
 
 from locomesh.node.nat.reachability import PRIVATE, PUBLIC, UNKNOWN
-from locomesh.node.nat.relay_service import REFRESH_INTERVAL, RelayBounds, RelayService, plan_reservations
+from locomesh.node.nat.relay_plan import REFRESH_INTERVAL, RelayBounds, plan_reservations
+from locomesh.node.nat.relay_service import RelayService
 from locomesh.node.ping import PingService
 from locomesh.node.runtime import Node
 

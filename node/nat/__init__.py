@@ -8,6 +8,10 @@ Modules, one job each:
 * `reach_service`: `/locomesh/reach/1`, the dial-back protocol in its three roles;
 * `relay_service`: a bounded circuit relay v2 for public nodes, relay reservations for private ones,
   relayed dials, and DCUtR hole punching over relayed connections;
+* `relay_plan`: what a relay gives away (`RelayBounds`) and which relays to reserve on, pure;
+* `hole_punch`: py-libp2p's DCUtR told our observed mappings, one initiator per pair, punches at once;
+* `listen_port`: TCP dialling from the listen port, never to our own listen endpoints;
+* `link_keeper`: which lost links to dial again, when (sans-IO backoff);
 * `natpmp`: NAT-PMP (RFC 6886) messages, sans-IO, and a UDP client for the gateway;
 * `upnp`: UPnP IGD (SSDP search, description XML, SOAP port mapping), sans-IO, and its client;
 * `http_client`: the small HTTP/1.1 client UPnP needs (sans-IO response parser, capped);

@@ -41,7 +41,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable
 from contextlib import AsyncExitStack
-from dataclasses import dataclass
 from typing import Any
 
 import trio
@@ -50,7 +49,6 @@ from libp2p.peer.id import ID
 from libp2p.relay.circuit_v2.config import RelayConfig, RelayRole
 from libp2p.relay.circuit_v2.protocol import PROTOCOL_ID as HOP_PROTOCOL_ID
 from libp2p.relay.circuit_v2.protocol import STOP_PROTOCOL_ID
-from libp2p.relay.circuit_v2.resources import RelayLimits
 from libp2p.relay.circuit_v2.transport import CircuitV2Transport
 from libp2p.tools.anyio_service import background_trio_service
 from multiaddr import Multiaddr
@@ -65,12 +63,12 @@ from locomesh.node.nat.connections import DIRECT, RELAYED, facts_of
 from locomesh.node.nat.hole_punch import HolePuncher
 from locomesh.node.nat.link_keeper import MAX_KEPT, LinkKeeper
 from locomesh.node.nat.reachability import PRIVATE, PUBLIC
+from locomesh.node.nat.relay_plan import RelayBounds, plan_reservations
 
 logger = logging.getLogger(__name__)
 
 RELAY_MODES = ("auto", "on", "off")
 CHECK_INTERVAL = 5.0
-REFRESH_INTERVAL = 900.0
 RESERVE_TIMEOUT = 10.0
 CONNECT_TIMEOUT = 10.0
 RELAY_DIAL_DELAY = 2.0  # direct dials get this head start over relayed ones
@@ -97,43 +95,6 @@ class _Race:
             self.errors.append(error)
         if self.winner or self.left == 0:
             self.over.set()
-
-
-@dataclass(frozen=True)
-class RelayBounds:
-    """What one relay gives away at most (py-libp2p's `RelayLimits`, named for what they bound)."""
-
-    max_reservations: int = 32
-    max_circuits: int = 16
-    circuit_seconds: int = 1800
-    circuit_bytes: int = 1024**3  # a whole checkpoint download must fit
-    reservation_ttl: int = 3600
-
-    def limits(self) -> RelayLimits:
-        return RelayLimits(
-            duration=self.circuit_seconds,
-            data=self.circuit_bytes,
-            max_circuit_conns=self.max_circuits,
-            max_reservations=self.max_reservations,
-            reservation_ttl=self.reservation_ttl,
-        )
-
-
-def plan_reservations(
-    held: dict[str, float], candidates: list[str], *, want: int, now: float
-) -> tuple[list[str], list[str]]:
-    """Which relays to (re-)reserve now, and which held ones to drop.
-
-    `held` maps a relay to when we last reserved on it; `candidates` are the
-    relays we could use, best first (connected, speaking hop). Held relays no
-    longer among the candidates are dropped; held ones older than
-    `REFRESH_INTERVAL` are refreshed; free slots are filled from the rest.
-    """
-    drop = [relay for relay in held if relay not in candidates]
-    kept = [relay for relay in held if relay in candidates]
-    refresh = [relay for relay in kept if now - held[relay] >= REFRESH_INTERVAL]
-    fresh = [relay for relay in candidates if relay not in held][: max(0, want - len(kept))]
-    return refresh + fresh, drop
 
 
 class RelayService:
