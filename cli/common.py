@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from locomesh.node.config import resolve_data_dir
+from locomesh.node.config import human_size, resolve_data_dir  # noqa: F401 - human_size: re-exported
 
 from .client import DEFAULT_TIMEOUT, EXIT_ERROR, EXIT_NO_DAEMON, EXIT_OK, DaemonNotRunning, RpcCallError, RpcClient
 
@@ -145,16 +145,6 @@ def emit(text: str) -> None:
         Console().print(text.to_rich())
     else:
         print(text)
-
-
-def human_size(count: int) -> str:
-    """A byte count as people read it: ``10 B``, ``1.5 KiB``, ``3.2 MiB``, ``1.1 GiB``."""
-    value = float(count)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")
 
 
 def peer_name(key_hex: str) -> str:

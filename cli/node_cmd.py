@@ -58,11 +58,55 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="processes training data-parallel on this node (default 0: one per GPU for auto and cuda; "
              "with cpu, N CPU processes)",
     )
+    start.add_argument(
+        "--memory-limit", type=_size, metavar="SIZE",
+        help="memory the node may use for training, e.g. 8GiB: a join of a run that needs more is refused "
+             "(default 0: no limit beyond the memory available)",
+    )
+    _add_limit_arguments(start)
     start.set_defaults(handler=start_daemon)
 
     stop = commands.add_parser("stop", help="ask the running daemon to shut down")
     add_data_dir_argument(stop)
     stop.set_defaults(handler=stop_daemon)
+
+
+def _size(text: str) -> int:
+    """`--memory-limit`'s value in bytes (`locomesh.node.config.parse_size`)."""
+    from locomesh.node.config import parse_size
+
+    try:
+        return parse_size(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _add_limit_arguments(start: argparse.ArgumentParser) -> None:
+    """The flags of the node's resource limits: rate caps, training threads, when it trains."""
+    start.add_argument("--upload-limit", metavar="RATE",
+                       help="cap on everything the node sends, e.g. 10MB/s, 512KiB/s or 8Mbit/s (default 0: none)")
+    start.add_argument("--download-limit", metavar="RATE",
+                       help="cap on everything the node receives, as --upload-limit (default 0: none)")
+    start.add_argument("--train-threads", type=int, metavar="N",
+                       help="CPU threads for the inner steps (default 0: torch's default)")
+    start.add_argument("--schedule", metavar="HH:MM-HH:MM", action="append",
+                       help="train only within this local-time window, e.g. 22:00-07:00 (repeatable; "
+                            "default: any time); outside it the node sits rounds out and stays a member")
+    start.add_argument("--only-when-idle", action="store_true",
+                       help="train only while other processes leave the CPU mostly idle")
+    start.add_argument("--only-on-ac-power", action="store_true",
+                       help="train only on mains power, where the platform tells")
+
+
+def _limit_flags(args: argparse.Namespace) -> dict[str, object]:
+    return {
+        "upload_limit": args.upload_limit,
+        "download_limit": args.download_limit,
+        "train_threads": args.train_threads,
+        "schedule": args.schedule,
+        "only_when_idle": "on" if args.only_when_idle else None,
+        "only_on_ac_power": "on" if args.only_on_ac_power else None,
+    }
 
 
 def start_daemon(args: argparse.Namespace) -> int:
@@ -80,6 +124,8 @@ def start_daemon(args: argparse.Namespace) -> int:
         "archive": "on" if args.archive else None,
         "device": args.device,
         "local_workers": args.local_workers,
+        "memory_limit": args.memory_limit,
+        **_limit_flags(args),
     }
     try:
         config = load_config(data_dir=args.data_dir, config_file=args.config, flags=flags)

@@ -14,7 +14,10 @@ the data dir.
 
 On a terminal, `run join` follows the join to this node's first round (`watch_cmd.follow_join`:
 downloads, the sync, the round's phases); piped, or with ``--json``, it prints its one line as it
-always did. Tables are `TextTable`s: plain text for scripts, drawn by rich on a terminal. The
+always did. `run status` shows a run this node left too (its rounds are kept in the data dir);
+with ``--follow`` it goes on printing rounds as they finish until Ctrl-C (exit 0; exit 1 if the
+daemon stops training the run, 3 if it stops answering). Tables are `TextTable`s: plain text for
+scripts, drawn by rich on a terminal. The
 `state`, `audit`, `watch` and `report` actions live in their own modules (run_state, run_audit,
 watch_cmd, report_cmd).
 """
@@ -28,12 +31,14 @@ import time
 from typing import Any
 
 from .client import EXIT_ERROR, EXIT_OK, EXIT_USAGE, DaemonNotRunning, RpcCallError, RpcClient
-from .common import TextTable, add_data_dir_argument, data_dir_of, emit, fail, no_daemon, on_terminal, peer_name
-from .run_view import round_line, round_table
+from .common import TextTable, add_data_dir_argument, data_dir_of, emit, fail, no_daemon, on_terminal
+from .run_view import format_status, show_status
 
 # Looking a run up in the DHT can take a while on a large network; creating one publishes it.
 RPC_TIMEOUT = 60.0
 FOLLOW_TIMEOUT = 900.0  # `run join --follow`: a sync and a whole round of a large model take minutes
+STATUS_POLL_SECONDS = 2.0  # `run status --follow`
+STATUS_RPC_TIMEOUT = 10.0  # `run status --follow`: each call; a daemon that long silent counts as gone
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -80,6 +85,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                            "first round (default: on a terminal, without --json)")
     join.add_argument("--timeout", type=float, default=FOLLOW_TIMEOUT, metavar="SECONDS",
                       help=f"with --follow: stop waiting for the first round after this long (default {FOLLOW_TIMEOUT:g})")
+    status.add_argument("--follow", action="store_true",
+                        help="then print each round as it finishes and what the round under way waits for, until "
+                             "Ctrl-C (with --json: each round's record, one a line)")
+    status.add_argument("--interval", type=float, default=STATUS_POLL_SECONDS, metavar="SECONDS",
+                        help=f"with --follow: how often to ask the daemon (default {STATUS_POLL_SECONDS:g})")
 
 
 def parse_setting(text: str) -> tuple[str, Any]:
@@ -170,6 +180,15 @@ def leave_run(args: argparse.Namespace) -> int:
 
 @_exits
 def run_status(args: argparse.Namespace) -> int:
+    """The run's status once; with `--follow`, then its rounds as they finish (`watch_cmd.follow_status`)."""
+    if args.follow:
+        if not args.interval > 0:
+            return fail("--interval must be a positive number of seconds", EXIT_USAGE)
+        from .watch_cmd import follow_status
+
+        client = _guarded(lambda: RpcClient.for_data_dir(data_dir_of(args), timeout=STATUS_RPC_TIMEOUT))
+        return _guarded(lambda: follow_status(client, args.run_id, interval=args.interval, json_lines=args.json,
+                                              rich=on_terminal() and not args.json), "run.status")
     if args.json or not on_terminal():
         return _show(args, "run.status", {"run_id": args.run_id}, format_status)
     show_status(_call(args, "run.status", {"run_id": args.run_id}))
@@ -192,46 +211,6 @@ def _show(args: argparse.Namespace, method: str, params: dict[str, Any], formatt
     else:
         emit(formatter(result))
     return EXIT_OK
-
-
-def format_status(status: dict[str, Any]) -> str:
-    """`run.status` as a summary line and one line per finished round."""
-    lines = [*_status_head(status), *(f"  {round_line(record)}" for record in status["history"]), *_score_lines(status)]
-    return "\n".join(lines)
-
-
-def show_status(status: dict[str, Any]) -> None:
-    """`run.status` on a terminal: as `format_status`, the rounds drawn as a rich table."""
-    print("\n".join(_status_head(status)))
-    if status["history"]:
-        emit(round_table(status["history"]))
-    if status.get("scores"):
-        print("\n".join(_score_lines(status)))
-
-
-def _status_head(status: dict[str, Any]) -> list[str]:
-    lines = [
-        f"run {status['run_id']}: {status['phase']}, state of round {status['round']} "
-        f"(certified {status['certified']}), {status['members']} members, {status['peers']} peers connected"
-    ]
-    if status.get("error"):
-        lines.append(f"  stopped: {status['error']}")
-    if status.get("device"):
-        lines.append(f"  training on: {status['device']}")
-    data = status.get("data")
-    if data:
-        lines.append(f"  dataset {data['dataset'][:16]}: {data['shards_per_member']} of its {data['train_shards']} "
-                     "train shards a round")
-    return lines
-
-
-def _score_lines(status: dict[str, Any]) -> list[str]:
-    scores = status.get("scores") or {}
-    lines = ["  contribution scores (loss change applied alone; newest rounds):"] if scores else []
-    for member, history in sorted(scores.items()):
-        rounds = ", ".join(f"r{row['round']} {row['score']:+.4f}" for row in history["rounds"])
-        lines.append(f"    {peer_name(member)}  mean {history['mean']:+.4f}  {rounds}")
-    return lines
 
 
 def _call(args: argparse.Namespace, method: str, params: dict[str, Any]) -> Any:

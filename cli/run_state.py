@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from .common import TextTable, add_run_action, show_call
+from .common import TextTable, add_run_action, peer_name, show_call
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -27,7 +27,7 @@ def show_state(args: argparse.Namespace) -> int:
 
 
 def format_state(state: dict[str, Any]) -> str:
-    """`run.state` as aligned "key  value" lines."""
+    """`run.state` as aligned "key  value" lines; members and banned keys by peer ID (``--json`` keeps the keys)."""
     checkpoint = state["checkpoint"]
     snapshot = state["snapshot"]
     rows = [
@@ -42,7 +42,7 @@ def format_state(state: dict[str, Any]) -> str:
         ("heads", state["heads"]),
         ("pending", f"{state['pending']} (waiting for {state['wanted']})"),
     ]
-    rows += [("member", member) for member in state["members"]]
-    rows += [("banned", author) for author in state["banned"]]
+    rows += [("member", peer_name(member)) for member in sorted(state["members"], key=peer_name)]
+    rows += [("banned", peer_name(author)) for author in sorted(state["banned"], key=peer_name)]
     rows += [(f"hparams.{key}", value) for key, value in sorted(state["hparams"].items())]
     return TextTable.pairs(rows)

@@ -5,24 +5,35 @@ the same wherever it appears."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
-from .common import TextTable, human_size
+from .common import TextTable, emit, human_size, peer_name
 
-ROUND_COLUMNS = ("ROUND", "EVAL LOSS", "FLOOR", "TRAIN LOSS", "PAYLOADS", "SENT", "FETCHED", "TRAIN S", "EXCHANGE S",
-                 "ROUND S")
+ROUND_COLUMNS = ("ROUND", "DONE AT", "EVAL LOSS", "FLOOR", "TRAIN LOSS", "PAYLOADS", "SENT", "FETCHED", "TRAIN (s)",
+                 "FETCH (s)", "OUTER (s)", "EXCHANGE (s)", "ROUND (s)")
+# What the table's columns hold, under it: the terms are this project's, the reader's may differ.
+ROUND_LEGEND = (
+    "DONE AT: local time the round finished here; FLOOR: the lowest loss the task allows; PAYLOADS: contributions "
+    "aggregated (synced: the state was downloaded instead); TRAIN: our inner steps; FETCH: from the last commit to "
+    "the last payload in hand; OUTER: the outer step (decode, aggregate, Nesterov); EXCHANGE: fetch and outer step; "
+    "ROUND: from the start of our training to the round's certificate"
+)
+SHOWN_PEERS = 3  # peers a "waiting for" line names; the rest are counted
 
 # Round machine phases (node/rounds/events.py `Phase`) in a user's words.
 PHASE_WORDS = {
     "idle": "waiting to start", "train": "training (inner steps)", "collect": "exchanging payloads",
     "propose": "agreeing on the round's set", "replay": "fetching the agreed payloads", "aggregate": "outer step",
     "voted": "waiting for the certificate", "sync": "syncing the run's state",
+    "paused": "paused: sitting rounds out, keeping the state current",
+    "sitting out": "sitting rounds out (its schedule or limits), keeping the state current",
 }
 
 
 def round_line(record: dict[str, Any]) -> str:
     """One finished round: eval loss (and the floor), train loss, payloads aggregated or synced,
-    bytes sent and fetched, seconds."""
+    bytes sent and fetched, then each time labelled (training, exchange, fetch, outer step, round)."""
     parts = [f"eval loss {_loss(record['eval_loss'])}" + ("" if record["floor"] is None else f" (floor {record['floor']:.4f})")]
     if record.get("train_loss") is not None:
         parts.append(f"train loss {record['train_loss']:.4f}")
@@ -31,8 +42,20 @@ def round_line(record: dict[str, Any]) -> str:
         parts.append(f"{_size(record['payload_bytes'])} sent")
     if record.get("bytes_fetched"):
         parts.append(f"{_size(record['bytes_fetched'])} fetched")
-    parts.append(f"{record['seconds']:.1f} s")
-    return f"round {record['round']:>4}: " + ", ".join(parts)
+    return f"round {record['round']:>4}: " + ", ".join(parts) + "; " + ", ".join(_times(record))
+
+
+def _times(record: dict[str, Any]) -> list[str]:
+    """The round's times, each named: "train 1.6 s", "exchange 0.3 s (fetch 0.1 s, outer step 0.0 s)", "round 2.4 s"."""
+    times = []
+    if record.get("train_seconds") is not None:
+        times.append(f"train {record['train_seconds']:.1f} s")
+    if record.get("exchange_seconds") is not None:
+        inside = [f"{name} {record[key]:.1f} s" for name, key in (("fetch", "fetch_seconds"), ("outer step", "aggregate_seconds"))
+                  if record.get(key) is not None]
+        times.append(f"exchange {record['exchange_seconds']:.1f} s" + (f" ({', '.join(inside)})" if inside else ""))
+    times.append(f"round {record['seconds']:.1f} s")
+    return times
 
 
 def round_table(records: list[dict[str, Any]]) -> TextTable:
@@ -42,22 +65,33 @@ def round_table(records: list[dict[str, Any]]) -> TextTable:
 
 def _cells(record: dict[str, Any]) -> tuple[str, ...]:
     return (
-        str(record["round"]), _loss(record["eval_loss"]), _loss(record["floor"]), _loss(record.get("train_loss")),
-        "synced" if record["synced"] else str(record["contributors"]), _size(record.get("payload_bytes")),
-        _size(record.get("bytes_fetched")), _seconds(record.get("train_seconds")),
+        str(record["round"]), _clock(record.get("finished_at")), _loss(record["eval_loss"]), _loss(record["floor"]),
+        _loss(record.get("train_loss")), "synced" if record["synced"] else str(record["contributors"]),
+        _size(record.get("payload_bytes")), _size(record.get("bytes_fetched")), _seconds(record.get("train_seconds")),
+        _seconds(record.get("fetch_seconds")), _seconds(record.get("aggregate_seconds")),
         _seconds(record.get("exchange_seconds")), _seconds(record["seconds"]),
     )
 
 
 def phase_text(status: dict[str, Any]) -> tuple[str, str]:
-    """What the round under way does (``run.status``), as (what, waiting for whom): the first part
-    changes with the phase, the second with every commit or vote that arrives."""
+    """What the round under way does (``run.status``), as (what, waiting for what and whom): the
+    first part changes with the phase, the second with every commit or vote that arrives."""
     phase = status["phase"]
     if phase == "sync":
         return f"syncing the run's state (certified round {status['certified']})", ""
-    waiting = status.get("waiting") or {}
-    detail = f"waiting for {waiting['for']}" if waiting.get("for") else ""
-    return f"round {status['round'] + 1}: {PHASE_WORDS.get(phase, phase)}", detail
+    return f"round {status['round'] + 1}: {PHASE_WORDS.get(phase, phase)}", waiting_text(status.get("waiting"))
+
+
+def waiting_text(waiting: dict[str, Any] | None) -> str:
+    """"waiting for votes of ... from 12D3KooW..., 12D3KooW... and 2 more": what the round waits for
+    and the peers (by peer ID) it waits on; "" when it waits for nothing."""
+    if not waiting or not waiting.get("for"):
+        return ""
+    peers = list(waiting.get("on") or [])
+    if not peers:
+        return f"waiting for {waiting['for']}"
+    more = f" and {len(peers) - SHOWN_PEERS} more" if len(peers) > SHOWN_PEERS else ""
+    return f"waiting for {waiting['for']} from {', '.join(peers[:SHOWN_PEERS])}{more}"
 
 
 def _loss(value: float | None) -> str:
@@ -71,3 +105,77 @@ def _size(count: int | None) -> str:
 
 def _seconds(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
+
+
+def _clock(when: float | None) -> str:
+    """A Unix time as the local time of day; "-" for none."""
+    return "-" if not when else time.strftime("%H:%M:%S", time.localtime(when))
+
+
+# --- `run status` ------------------------------------------------------------------------------
+
+
+def format_status(status: dict[str, Any]) -> str:
+    """`run.status` as plain lines: what the node does in the run and what the round waits for, its
+    members by peer ID, then one line per finished round (each time named) and the scores."""
+    return "\n".join([*status_head(status), *_round_lines(status), *_score_lines(status)])
+
+
+def show_status(status: dict[str, Any]) -> None:
+    """`run.status` on a terminal: as `format_status`, the rounds drawn as a rich table with a legend."""
+    print("\n".join(status_head(status)))
+    if status["history"]:
+        emit(round_table(status["history"]))
+        print(f"  ({ROUND_LEGEND})")
+    if status.get("scores"):
+        print("\n".join(_score_lines(status)))
+
+
+def status_head(status: dict[str, Any]) -> list[str]:
+    """The lines above the rounds: the run, this node's phase in it, what the round under way waits
+    for (and on whom), the device, the dataset, the members; for a run left, only that."""
+    if status.get("training") is False:
+        return [f"run {status['run_id']}: not training (left after round {status.get('left_after')}); "
+                f"{len(status['history'])} rounds it finished here kept", *_member_lines(status)]
+    lines = [
+        f"run {status['run_id']}: {status['phase']}, state of round {status['round']} "
+        f"(certified {status['certified']}), {status['members']} members, {status['peers']} peers connected"
+    ]
+    if status.get("error"):
+        lines.append(f"  stopped: {status['error']}")
+    elif status.get("phase") not in ("banned", "failed"):
+        lines.append("  now: " + "; ".join(part for part in phase_text(status) if part))
+    if status.get("device"):
+        lines.append(f"  training on: {status['device']}")
+    data = status.get("data")
+    if data:
+        lines.append(f"  dataset {data['dataset'][:16]}: {data['shards_per_member']} of its {data['train_shards']} "
+                     "train shards a round")
+    return lines + _member_lines(status)
+
+
+def _member_lines(status: dict[str, Any]) -> list[str]:
+    """A line per member: its peer ID, whether it is this node or connected, and how many of the
+    newest certified rounds aggregated its payload."""
+    members = status.get("member_peers") or []
+    accepted = status.get("contributions") or {}
+    lines = ["  members (peer ID; payloads aggregated in the newest certified rounds):"] if members else []
+    for member in members:
+        where = "this node" if member["you"] else "connected" if member["connected"] else "not connected"
+        lines.append(f"    {member['peer_id']}  {where}, {accepted.get(member['key'], 0)} aggregated")
+    return lines
+
+
+def _round_lines(status: dict[str, Any]) -> list[str]:
+    if not status["history"]:
+        return []
+    return ["  rounds finished here:", *(f"  {round_line(record)}" for record in status["history"])]
+
+
+def _score_lines(status: dict[str, Any]) -> list[str]:
+    scores = status.get("scores") or {}
+    lines = ["  contribution scores (loss change applied alone; newest rounds):"] if scores else []
+    for member, history in sorted(scores.items()):
+        rounds = ", ".join(f"r{row['round']} {row['score']:+.4f}" for row in history["rounds"])
+        lines.append(f"    {peer_name(member)}  mean {history['mean']:+.4f}  {rounds}")
+    return lines

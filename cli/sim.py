@@ -8,7 +8,11 @@ member; a simulated model has no loss to plot) as PNG files beside the report
 (``STEM-round_timeline.png``, ``STEM-contributions.png``, STEM being the report's
 name without ``.json``), linked from its markdown, with or without ``--report``. ``-o KEY=VALUE``
 sets a field of the scenario's ``Config`` (e.g. ``-o byzantine=3 -o churn=2`` for
-``train``). Exit codes: 0 done, 2 bad arguments.
+``train``); ``sim --help`` lists every scenario with its options, defaults and what each
+sets (from the ``Config`` fields' help), ``sim SCENARIO --help`` that scenario's only.
+
+Every report starts with a plain overview and a verdict, PASS or FAIL, with the criteria it was
+judged by (`locomesh.netsim.report`). Exit codes: 0 PASS, 1 FAIL, 2 bad arguments.
 """
 
 from __future__ import annotations
@@ -24,9 +28,46 @@ from typing import Any
 from .plots import RoundPoint, Series, draw, markdown_section
 
 
+class _ScenarioHelp(argparse.Action):
+    """``-h``: the usage and flags, then every scenario (or the one named before ``-h``) with its options.
+
+    The scenarios' text is built only when asked for: importing them loads torch and libp2p, which
+    every other `locomesh` command would otherwise pay for at start."""
+
+    def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        from locomesh.netsim.scenarios import SCENARIOS
+
+        named = getattr(namespace, "scenario", None)
+        parser.epilog = scenarios_text(named if named in SCENARIOS else None)
+        parser.print_help()
+        parser.exit()
+
+
+def scenarios_text(only: str | None = None) -> str:
+    """The scenarios (or `only` that one), each with what it shows and its ``-o`` options, defaults
+    and help; then the exit codes."""
+    from locomesh.netsim.scenarios import SCENARIOS, scenario_help
+
+    lines = ["scenarios and their options (-o KEY=VALUE, default shown):"]
+    for name in [only] if only else SCENARIOS:
+        lines += ["", *scenario_help(name)]
+    lines += ["", "Every report starts with what was simulated, what came out, and a verdict: PASS or FAIL with",
+              "the criteria it was judged by. Exit codes: 0 PASS, 1 FAIL, 2 bad arguments."]
+    return "\n".join(lines)
+
+
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("sim", help="run a network simulation (real node code, virtual time)")
-    parser.add_argument("scenario", help="scenario name (connectivity, dht, checkpoint, train, nat)")
+    parser = subparsers.add_parser("sim", help="run a network simulation (real node code, virtual time)",
+                                   add_help=False, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                   description="Run a network simulation of the real node code in virtual time;\n"
+                                               "print its report and write it as JSON and markdown.")
+    parser.add_argument("-h", "--help", action=_ScenarioHelp,
+                        help="show this help, every scenario's options (after a SCENARIO: its own), and exit")
+    parser.add_argument("scenario", help="scenario name (listed below, with its options)")
     parser.add_argument("--nodes", type=int, default=100, help="number of nodes, bootstrap/seed nodes included")
     parser.add_argument("--seed", type=int, default=0, help="the same seed gives the same report")
     parser.add_argument("--report", help="where to write the JSON report (markdown goes beside it)")
@@ -50,7 +91,7 @@ def _shorthands(args: argparse.Namespace) -> list[str]:
 
 def run_sim(args: argparse.Namespace) -> int:
     from locomesh.netsim import report as reports
-    from locomesh.netsim.scenarios import SCENARIOS, parse_options
+    from locomesh.netsim.scenarios import SCENARIOS, UnknownOption, parse_options, scenario_help
 
     scenario = SCENARIOS.get(args.scenario)
     if scenario is None:
@@ -61,6 +102,11 @@ def run_sim(args: argparse.Namespace) -> int:
         return 2
     try:
         options = parse_options(args.scenario, args.option + _shorthands(args))
+    except UnknownOption as error:
+        print(f"locomesh sim: scenario {error.scenario!r} has no option {error.key!r}; its options (defaults):",
+              file=sys.stderr)
+        print("\n".join(scenario_help(args.scenario)), file=sys.stderr)
+        return 2
     except ValueError as error:
         print(f"locomesh sim: {error}", file=sys.stderr)
         return 2
@@ -83,7 +129,9 @@ def run_sim(args: argparse.Namespace) -> int:
     print(reports.to_markdown(result, appendix))
     hashseed = os.environ.get("PYTHONHASHSEED", "random")
     progress(f"wrote {', '.join(map(str, written))} (PYTHONHASHSEED={hashseed})")
-    return 0
+    passed = reports.passed(result)
+    progress(f"verdict: {'PASS' if passed else 'FAIL'}")
+    return 0 if passed else 1
 
 
 def draw_plots(report: dict[str, Any], path: Path) -> tuple[list[str], list[Path]]:

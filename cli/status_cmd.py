@@ -44,7 +44,10 @@ def format_status(status: dict[str, Any]) -> str:
         ("peers connected", status.get("peers_connected")),
         ("bootstrap", _bootstrap_row(status.get("bootstrap"))),
         ("bytes in / out", f"{human_size(status.get('bytes_in', 0))} / {human_size(status.get('bytes_out', 0))}"),
-        ("protocol errors", status.get("protocol_errors")),
+        *_bandwidth_rows(status.get("bandwidth")),
+        *([("schedule", status["schedule"])] if status.get("schedule") else []),
+        ("protocol errors", _protocol_errors_row(status)),
+        *_ended_early_rows(status.get("streams_ended_early")),
         ("services", ", ".join(status.get("services", [])) or "-"),
         ("runs", ", ".join(str(run) for run in status.get("runs", [])) or "-"),
     ]
@@ -53,6 +56,46 @@ def format_status(status: dict[str, Any]) -> str:
         addresses = status.get(key) or ["-"]
         rows.extend((label if index == 0 else "", address) for index, address in enumerate(addresses))
     return TextTable.pairs(rows)
+
+
+def _bandwidth_rows(bandwidth: dict[str, int] | None) -> list[tuple[str, str]]:
+    """"upload 1.2 MB/s (cap 10 MB/s)" and the same for download: the node's rates over the last few
+    seconds and its caps (node/bandwidth.py), when the daemon reports them."""
+    if not isinstance(bandwidth, dict):
+        return []
+    rows = []
+    for direction in ("upload", "download"):
+        limit = bandwidth.get(f"{direction}_limit") or 0
+        cap = f"cap {human_size(limit)}/s" if limit else "no cap"
+        rows.append((direction, f"{human_size(bandwidth.get(f'{direction}_rate') or 0)}/s ({cap})"))
+    return rows
+
+
+def _protocol_errors_row(status: dict[str, Any]) -> str:
+    """"3 (timeout 2, too-large 1): ..." with what they mean, or "0"."""
+    total = status.get("protocol_errors") or 0
+    if not total:
+        return "0"
+    by_code = status.get("protocol_errors_by_code") or {}
+    meaning = "bad or slow input from peers, dropped (the log at INFO names each peer)"
+    if by_code.get("internal"):
+        meaning += "; internal: a bug in this node, please report it with the log"
+    return f"{total}{_breakdown(by_code)}: {meaning}"
+
+
+def _ended_early_rows(by_code: dict[str, int] | None) -> list[tuple[str, str]]:
+    """A row for the streams that ended early with nothing wrong in the input (node/streams.py
+    `NOT_PROTOCOL_ERRORS`), if there were any."""
+    if not by_code:
+        return []
+    return [("streams ended early", f"{sum(by_code.values())}{_breakdown(by_code)}: peers that closed a stream "
+                                    "before it was done or asked about a run not replicated here; normal, not errors")]
+
+
+def _breakdown(by_code: dict[str, int]) -> str:
+    """" (timeout 2, too-large 1)": the counts by code, largest first; "" without any."""
+    parts = [f"{code} {count}" for code, count in sorted(by_code.items(), key=lambda item: (-item[1], item[0]))]
+    return f" ({', '.join(parts)})" if parts else ""
 
 
 def _bootstrap_row(bootstrap: dict[str, int] | None) -> str:

@@ -33,12 +33,12 @@ from locomesh.node.transfer.states import RUNNING_STATES
 from .client import DEFAULT_TIMEOUT, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, DaemonNotRunning, RpcCallError, RpcClient
 from .common import add_run_action, data_dir_of, fail, no_daemon, on_terminal
 from .progress import View, open_view
-from .run_view import phase_text, round_line, round_table
+from .run_view import format_status, phase_text, round_line, round_table
 
 POLL_SECONDS = 1.0
 FOLLOW_POLL_SECONDS = 0.5
 LIVE_ROUNDS = 20  # rounds the live table shows (the newest)
-STOPPED = ("failed", "banned")  # phases in which the daemon trains the run no more
+STOPPED = ("failed", "banned", "left")  # phases in which the daemon trains the run no more
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -106,10 +106,10 @@ def _watch_live(args: argparse.Namespace, client: RpcClient) -> int:
     with Live(Text("asking the daemon..."), auto_refresh=False) as live:
         for status in statuses(client, args.run_id, args.interval, args.timeout):
             records = (records + new_records(status, records[-1]["round"] if records else 0, args.until))[-LIVE_ROUNDS:]
-            what, detail = phase_text(status)
+            what, detail = phase_text(status) if status["phase"] not in STOPPED else (status["phase"], "")
             header = Text(" · ".join(part for part in (
-                f"run {status['run_id'][:16]}…: {status['members']} members, {status['peers']} peers connected", what, detail)
-                if part))
+                f"run {status['run_id'][:16]}…: {status.get('members', 0)} members, {status.get('peers', 0)} peers "
+                "connected", what, detail) if part))
             live.update(Group(header, round_table(records).to_rich()), refresh=True)
             ended = _ended(args, status)
             if ended is not None:
@@ -120,19 +120,72 @@ def _watch_live(args: argparse.Namespace, client: RpcClient) -> int:
 def _ended(args: argparse.Namespace, status: dict[str, Any]) -> int | None:
     """The exit status if watching ends here (round `args.until` done, or training stopped); else None.
     A node that synced past round `args.until` has no record of it, and is done with it too."""
-    if status["phase"] in STOPPED:
-        return fail(f"run {status['run_id']}: training stopped ({status['phase']}): "
-                    f"{status.get('error') or status.get('ban_reason')}", EXIT_ERROR)
     newest = max((record["round"] for record in status["history"]), default=0)
     if args.until is not None and newest >= args.until:
         return EXIT_OK
+    if status["phase"] in STOPPED:
+        return fail(f"run {status['run_id']}: training stopped: {_stop_reason(status)}", EXIT_ERROR)
     return None
+
+
+def _stop_reason(status: dict[str, Any]) -> str:
+    """Why the daemon trains a run no more: it left, failed or was banned."""
+    if status["phase"] == "left":
+        return f"this node left it after round {status.get('left_after')}"
+    return f"{status['phase']}: {status.get('error') or status.get('ban_reason')}"
 
 
 def _timed_out(args: argparse.Namespace, shown: int) -> int:
     if args.until is None:
         return EXIT_OK
     return fail(f"round {args.until} was not done within {args.timeout:g} s (the newest: {shown})", EXIT_ERROR)
+
+
+# --- run status, followed ------------------------------------------------------------------------
+
+
+def follow_status(client: RpcClient, run_id: str, *, interval: float, json_lines: bool = False, rich: bool = False) -> int:
+    """`run status --follow`: the status (`run_view.format_status`), then each round as it finishes
+    and, when it changes, what the round under way waits for, asking every `interval` seconds until
+    Ctrl-C (exit 0). With `json_lines` each round's record as one JSON line instead; with `rich` the
+    live view of `run watch`. Exit 0 also once the node left the run, 1 if the daemon stopped
+    training it; `RpcCallError` and `DaemonNotRunning` (a call over the client's timeout) pass through."""
+    try:
+        if rich:
+            return _watch_live(argparse.Namespace(run_id=run_id, interval=interval, timeout=None, until=None), client)
+        return _follow_lines(client, run_id, interval, json_lines)
+    except KeyboardInterrupt:  # the way to stop following: not an error
+        return EXIT_OK
+
+
+def _follow_lines(client: RpcClient, run_id: str, interval: float, json_lines: bool) -> int:
+    shown: int | None = None
+    now = ""
+    for status in statuses(client, run_id, interval, None):
+        if shown is None and not json_lines:
+            print(format_status(status), flush=True)
+            now = _now_line(status)
+        else:
+            for record in new_records(status, shown or 0):
+                print(json.dumps(record, sort_keys=True) if json_lines else f"  {round_line(record)}", flush=True)
+        shown = max((record["round"] for record in status["history"]), default=shown or 0)
+        if status["phase"] == "left":
+            if not json_lines and now:  # it was training when we began: say it stopped
+                print(f"  not training (left after round {status.get('left_after')})", flush=True)
+            return EXIT_OK
+        if status["phase"] in STOPPED:
+            return fail(f"run {status['run_id']}: training stopped: {_stop_reason(status)}", EXIT_ERROR)
+        if not json_lines and _now_line(status) != now:
+            now = _now_line(status)
+            print(f"  now: {now}", flush=True)
+    return EXIT_OK
+
+
+def _now_line(status: dict[str, Any]) -> str:
+    """What the round under way does and waits for, as `format_status`'s "now:" line has it."""
+    if status["phase"] in STOPPED:
+        return ""
+    return "; ".join(part for part in phase_text(status) if part)
 
 
 # --- run join, followed --------------------------------------------------------------------------
@@ -154,7 +207,8 @@ def follow_join(client: RpcClient, run_id: str, *, timeout: float, rich: bool, p
         try:
             outcome = _first_round(client, run_id, joined["joins_at"], view, poll, deadline)
         except KeyboardInterrupt:  # the join is done; only the watching stops
-            return EXIT_INTERRUPTED
+            return fail(f"stopped watching; the node goes on training: locomesh run status {run_id} --follow",
+                        EXIT_INTERRUPTED)
     if outcome == "timeout":
         return fail(f"joined, but round {joined['joins_at']} was not done within {timeout:g} s; "
                     f"follow it with: locomesh run watch {run_id}", EXIT_ERROR)
@@ -195,8 +249,8 @@ def _first_round(client: RpcClient, run_id: str, first: int, view: View, poll: f
             view.done("round", round_line(record))
             return "done"
         if status["phase"] in STOPPED:
-            view.done("round", f"round {status['round'] + 1}: training stopped")
-            return f"training stopped ({status['phase']}): {status.get('error') or status.get('ban_reason')}"
+            view.done("round", f"round {status['round'] + 1}: training stopped" if "round" in status else "training stopped")
+            return f"training stopped: {_stop_reason(status)}"
         view.step("round", *phase_text(status))
         time.sleep(poll)
     return "timeout"

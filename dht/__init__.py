@@ -1,4 +1,5 @@
-"""Discovery over libp2p Kademlia: public runs by ID, signed peer records, providers of runs and checkpoints.
+"""Discovery over libp2p Kademlia: public runs by ID, signed peer records, providers of runs and checkpoints,
+and the directory of public runs (signed run cards under well-known provider keys).
 
     records      what is stored under which key, and when a value is valid (pure: no I/O, no clock)
     validator    those rules behind py-libp2p's `Validator` interface (registered on every node)

@@ -47,7 +47,7 @@ from locomesh.protocol.runs import run_id
 
 from . import records
 from .kademlia import LocomeshKadDHT
-from .validator import LocomeshValidator, validate
+from .validator import LocomeshValidator, select, validate
 
 logger = logging.getLogger(__name__)
 
@@ -140,12 +140,32 @@ class Discovery:
 
     async def find_peer_record(self, peer_id: str) -> Envelope | None:
         """The newest valid peer record of `peer_id` that a few holders know, or None."""
-        key = records.peer_key(peer_id)
+        return await self._find_newest(records.peer_key(peer_id))
+
+    # --- the directory of public runs ------------------------------------------------------
+
+    async def publish_cards(self, cards: Sequence[dict], *, ttl: float) -> bytes:
+        """Sign and put our cards record (`ttl` s at most `records.MAX_CARDS_TTL`); returns its bytes.
+        Its refresh is the caller's (node/runs/cards.py): the cards' counts change, our peer record's
+        addresses do not."""
+        now = self.clock()
+        self._peer_record_seq = max(self._peer_record_seq + 1, int(now * 1000))  # one counter: both only grow
+        value = records.sign_cards_record(self.identity, cards=cards, seq=self._peer_record_seq, updated=int(now),
+                                          expires=int(now + min(ttl, records.MAX_CARDS_TTL)))
+        await self._put(records.cards_key(self.identity.peer_id), value)
+        return value
+
+    async def find_cards(self, peer_id: str) -> Envelope | None:
+        """The newest valid cards record of `peer_id` that a few holders know, or None."""
+        return await self._find_newest(records.cards_key(peer_id))
+
+    async def _find_newest(self, key: str) -> Envelope | None:
+        """The valid record under a peer-bound `key` with the highest seq among a few holders', or None."""
         values = await self._get(key, enough=PEER_RECORD_QUORUM)
         if not values:
             return None
         now = self.clock()
-        return records.validate_peer_record(key, values[records.select_peer_record(key, values, now=now)], now=now)
+        return validate(key, values[select(key, values, now=now)], now=now)
 
     # --- providers -------------------------------------------------------------------------
 

@@ -26,6 +26,8 @@ def validate(key: str, value: bytes, *, now: float) -> Envelope:
         return records.validate_run_record(key, value)
     if key.startswith(records.PEER_PREFIX):
         return records.validate_peer_record(key, value, now=now)
+    if key.startswith(records.CARDS_PREFIX):
+        return records.validate_cards_record(key, value, now=now)
     raise ProtocolError("wrong-namespace", f"{key[:80]!r} is in no locomesh record namespace")
 
 
@@ -33,6 +35,8 @@ def select(key: str, values: list[bytes], *, now: float) -> int:
     """The index of the best of `values` for `key` (deterministic: every node picks the same)."""
     if key.startswith(records.PEER_PREFIX):
         return records.select_peer_record(key, values, now=now)
+    if key.startswith(records.CARDS_PREFIX):
+        return records.select_cards_record(key, values, now=now)
     return records.select_run_record(values)
 
 

@@ -3,7 +3,9 @@
 `node_services(config, pieces)` builds them over ``config.data_dir``, wired to each other, in the
 order the node starts them:
 
+    bandwidth                                    (the node's rate caps, `locomesh.node.bandwidth`)
     ping, reachability, port mapping, relay      (`network`: they need real sockets and gateways)
+    doctor                                       (``node.doctor`` and its bandwidth probe, with `network`)
     run registry (owns the DHT), CRDT, checkpoints, rounds
 
 `Pieces` are the parts a caller may put in place of the daemon's own. The daemon passes none.
@@ -15,20 +17,25 @@ ops runs no round service.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import trio
 
 from locomesh.training.contract import ParticipantFactory
 
+from locomesh.node.bandwidth import BandwidthLimits
 from locomesh.node.config import NodeConfig
 from locomesh.node.datadir import CHECKPOINT_DIR
+from locomesh.node.doctor.service import DoctorService
 from locomesh.node.nat.services import nat_services
 from locomesh.node.ping import PingService
 from locomesh.node.replication.service import CrdtService
 from locomesh.node.rounds.participation import Compute
 from locomesh.node.rounds.service import RoundService
 from locomesh.node.runs.registry import RunRegistryService
+from locomesh.node.schedule import TrainingSchedule
 from locomesh.node.service import Service
 from locomesh.node.transfer.download import Offload
 from locomesh.node.transfer.service import CheckpointService
@@ -45,6 +52,7 @@ class Pieces:
     checkpoint_service: type[CheckpointService] = CheckpointService
     network: bool = True  # ping and the NAT-traversal services (modes from the config)
     rounds: bool = True  # the round service (training); without it a node replicates and serves only
+    wall_clock: Callable[[], float] = time.time  # what DHT records are dated by (the simulator's: virtual)
 
 
 @dataclass(frozen=True)
@@ -56,16 +64,19 @@ class NodeServices:
     checkpoints: CheckpointService
     rounds: RoundService | None
     network: tuple[Service, ...] = ()
+    bandwidth: Service | None = None
 
     def in_start_order(self) -> list[Service]:
         """The order the node starts them in: each service only needs what started before it."""
         rounds = [] if self.rounds is None else [self.rounds]
-        return [*self.network, self.registry, self.crdt, self.checkpoints, *rounds]
+        bandwidth = [] if self.bandwidth is None else [self.bandwidth]
+        return [*bandwidth, *self.network, self.registry, self.crdt, self.checkpoints, *rounds]
 
 
 def node_services(config: NodeConfig, pieces: Pieces = Pieces()) -> NodeServices:
     """A node's services over ``config.data_dir``, with `pieces` in place of the daemon's own."""
-    registry = RunRegistryService(config.data_dir)
+    registry = RunRegistryService(config.data_dir, replicas=lambda: crdt.replicas.values(), offload=pieces.offload,
+                                  clock=pieces.wall_clock)
     crdt = CrdtService(config.data_dir)
     checkpoints = pieces.checkpoint_service(
         config.data_dir / CHECKPOINT_DIR, dataplane=pieces.dataplane, offload=pieces.offload,
@@ -75,10 +86,15 @@ def node_services(config: NodeConfig, pieces: Pieces = Pieces()) -> NodeServices
     if pieces.rounds:
         rounds = RoundService(registry, crdt, checkpoints, attack=config.attack, archive=config.archive == "on",
                               device=config.device, local_workers=config.local_workers,
+                              memory_limit=config.memory_limit,
+                              train_threads=config.train_threads, schedule=TrainingSchedule.from_config(config),
                               participant_factory=pieces.participant_factory, compute=pieces.compute,
                               offload=pieces.offload)
     network: tuple[Service, ...] = ()
     if pieces.network:
         network = (PingService(), *nat_services(relay=config.relay, nat_traversal=config.nat_traversal,
-                                                port_mapping=config.port_mapping, discovery=lambda: registry.discovery))
-    return NodeServices(registry, crdt, checkpoints, rounds, network)
+                                                port_mapping=config.port_mapping, discovery=lambda: registry.discovery),
+                   DoctorService(registry, crdt, device=config.device, memory_limit=config.memory_limit,
+                                 offload=pieces.offload))
+    bandwidth = BandwidthLimits(upload=config.upload_limit, download=config.download_limit)
+    return NodeServices(registry, crdt, checkpoints, rounds, network, bandwidth)

@@ -22,6 +22,13 @@ port_mapping       LOCOMESH_PORT_MAPPING   --no-upnp (sets "off")        "on"
 archive            LOCOMESH_ARCHIVE        --archive (sets "on")         "off"
 device             LOCOMESH_DEVICE         --device SPEC                 "auto"
 local_workers      LOCOMESH_LOCAL_WORKERS  --local-workers N             0 (one per GPU)
+memory_limit       LOCOMESH_MEMORY_LIMIT   --memory-limit SIZE           0 (free memory is the limit)
+upload_limit       LOCOMESH_UPLOAD_LIMIT   --upload-limit RATE           0 (no cap)
+download_limit     ..._DOWNLOAD_LIMIT      --download-limit RATE         0 (no cap)
+train_threads      LOCOMESH_TRAIN_THREADS  --train-threads N             0 (torch's default)
+schedule           LOCOMESH_SCHEDULE a,b   --schedule WINDOW (repeat)    [] (any time)
+only_when_idle     ..._ONLY_WHEN_IDLE      --only-when-idle (sets "on")  "off"
+only_on_ac_power   ..._ONLY_ON_AC_POWER    --only-on-ac-power ("on")     "off"
 =================  ======================  ============================  ==========================
 
 ``attack`` turns the node into a test adversary: it trains like everyone else, then commits the
@@ -50,6 +57,22 @@ first N GPUs, or for ``cpu`` N CPU processes (tests, machines with several CPU s
 the syntax is checked: whether the devices are there is known when a run is joined, and a join
 that asks for what the machine lacks fails saying so.
 
+``memory_limit`` is how much memory the node may use for training, as bytes or a size such as
+``"8GiB"`` or ``"512MiB"``: a join whose run needs more (`locomesh.training.footprint`: the model,
+its optimizer, activations, the outer step and the payloads held) is refused, saying how much it
+needs. 0, the default, sets no limit beyond the memory the machine has available at the join.
+
+``upload_limit`` and ``download_limit`` cap the node's total rate each way, in bytes per second or
+a rate such as ``"10MB/s"``, ``"512KiB/s"`` or ``"8Mbit/s"`` (`parse_rate`): every libp2p
+connection (streams, DHT, gossip, the relay service's circuits) and the checkpoint data plane
+share one token bucket per direction (`locomesh.node.bandwidth`). ``train_threads`` is how many
+CPU threads torch uses for the inner steps (0: torch's default); the outer step is single-threaded
+NumPy either way. ``schedule`` lists the local-time windows in which the node trains
+(``"22:00-07:00"`` runs across midnight; empty: any time); ``only_when_idle = "on"`` trains only
+while other processes leave the CPU mostly idle, ``only_on_ac_power = "on"`` only while the
+machine is on mains power, where the platform tells (`locomesh.node.schedule`). Outside them the
+node stays a member and sits rounds out; it never stalls the others.
+
 A list given at a higher level replaces the lower one (it is not merged).
 Every bad value raises `ConfigError` with a one-line message naming where the
 value came from; unknown keys in the file are errors too (a typo must not be
@@ -74,6 +97,8 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 RELAY_MODES = ("auto", "on", "off")  # = locomesh.node.nat.relay_service.RELAY_MODES (no libp2p import here)
 ON_OFF = ("on", "off")
 MAX_LOCAL_WORKERS = 1024  # processes of one node's data-parallel group: a sanity bound, not a tuning
+MAX_TRAIN_THREADS = 1024  # a sanity bound, as MAX_LOCAL_WORKERS
+MAX_RATE = 10**12  # bytes per second: a sanity bound on a rate cap (a terabyte a second)
 CONFIG_FILE_NAME = "config.toml"
 _MAX_CONFIG_FILE = 1024 * 1024
 
@@ -97,6 +122,13 @@ class NodeConfig:
     archive: str = "off"
     device: str = "auto"
     local_workers: int = 0
+    memory_limit: int = 0  # bytes; 0: no limit beyond the available memory
+    upload_limit: int = 0  # bytes per second; 0: no cap
+    download_limit: int = 0
+    train_threads: int = 0  # 0: torch's default
+    schedule: tuple[str, ...] = ()  # "HH:MM-HH:MM" local-time windows; empty: any time
+    only_when_idle: str = "off"
+    only_on_ac_power: str = "off"
     config_file: Path | None = field(default=None, compare=False)
 
     def validate(self) -> NodeConfig:
@@ -127,7 +159,30 @@ class NodeConfig:
         if self.archive not in ON_OFF:
             raise ConfigError(f"archive: {self.archive!r} is not one of {', '.join(ON_OFF)}")
         self._check_devices()
+        if isinstance(self.memory_limit, bool) or not isinstance(self.memory_limit, int) or self.memory_limit < 0:
+            raise ConfigError(f"memory_limit: {self.memory_limit!r} is not a size in bytes (0: no limit)")
+        self._check_limits()
         return self
+
+    def _check_limits(self) -> None:
+        for key in ("upload_limit", "download_limit"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_RATE:
+                raise ConfigError(f"{key}: {value!r} is not a rate in bytes per second (0: no cap)")
+        threads = self.train_threads
+        if isinstance(threads, bool) or not isinstance(threads, int) or not 0 <= threads <= MAX_TRAIN_THREADS:
+            raise ConfigError(f"train_threads: {threads!r} is not a count of threads (0-{MAX_TRAIN_THREADS}; "
+                              "0: torch's default)")
+        from locomesh.node.schedule import ScheduleError, parse_window  # pure: datetime only
+
+        for window in self.schedule:
+            try:
+                parse_window(window)
+            except ScheduleError as error:
+                raise ConfigError(f"schedule: {error}") from None
+        for key in ("only_when_idle", "only_on_ac_power"):
+            if getattr(self, key) not in ON_OFF:
+                raise ConfigError(f"{key}: {getattr(self, key)!r} is not one of {', '.join(ON_OFF)}")
 
     def _check_devices(self) -> None:
         from locomesh.training.devices import DeviceError, check_spec  # no torch: syntax only
@@ -144,8 +199,10 @@ class NodeConfig:
 
 _SETTABLE = (
     "listen", "bootstrap", "rpc_port", "log_format", "log_level", "attack", "relay", "nat_traversal", "port_mapping",
-    "archive", "device", "local_workers",
+    "archive", "device", "local_workers", "memory_limit", "upload_limit", "download_limit", "train_threads",
+    "schedule", "only_when_idle", "only_on_ac_power",
 )
+_LISTS = ("listen", "bootstrap", "schedule")
 
 
 def unknown_variables(environ: Mapping[str, str]) -> list[str]:
@@ -190,9 +247,12 @@ def load_config(
         config = replace(config, **_from_file(path))
     config = replace(config, **_from_env(environ))
     given = {key: value for key, value in (flags or {}).items() if value is not None}
-    for key in ("listen", "bootstrap"):
+    for key in _LISTS:
         if key in given:
             given[key] = tuple(given[key])
+    for key in ("upload_limit", "download_limit"):
+        if key in given:
+            given[key] = _parse_rate(given[key], f"--{key.replace('_', '-')}")
     config = replace(config, **given)
     return config.validate()
 
@@ -233,11 +293,17 @@ def _from_env(environ: Mapping[str, str]) -> dict[str, Any]:
         text = environ.get(name)
         if text is None or text == "":
             continue
-        if key in ("listen", "bootstrap"):
+        if key in _LISTS:
             values[key] = tuple(part.strip() for part in text.split(",") if part.strip())
         elif key == "rpc_port":
             values[key] = _parse_port(text, name)
         elif key == "local_workers":
+            values[key] = _parse_count(text, name)
+        elif key == "memory_limit":
+            values[key] = _parse_size(text, name)
+        elif key in ("upload_limit", "download_limit"):
+            values[key] = _parse_rate(text, name)
+        elif key == "train_threads":
             values[key] = _parse_count(text, name)
         else:
             values[key] = text.strip().lower()
@@ -246,11 +312,16 @@ def _from_env(environ: Mapping[str, str]) -> dict[str, Any]:
 
 def _typed(key: str, value: Any, where: str) -> Any:
     """A file value in the dataclass's type, or `ConfigError`."""
-    if key in ("listen", "bootstrap"):
+    if key in _LISTS:
         if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
-            raise ConfigError(f"{where}: expected a list of multiaddr strings")
+            kind = "windows (HH:MM-HH:MM)" if key == "schedule" else "multiaddr"
+            raise ConfigError(f"{where}: expected a list of {kind} strings")
         return tuple(value)
-    if key in ("rpc_port", "local_workers"):
+    if key in ("upload_limit", "download_limit"):
+        return _parse_rate(value, where)
+    if key == "memory_limit":
+        return _parse_size(value, where)
+    if key in ("rpc_port", "local_workers", "train_threads"):
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(f"{where}: expected an integer")
         return value
@@ -271,6 +342,91 @@ def _parse_count(text: str, where: str) -> int:
         return int(text.strip(), 10)
     except ValueError:
         raise ConfigError(f"{where}: {text[:40]!r} is not a whole number") from None
+
+
+def human_size(count: int) -> str:
+    """A byte count as people read it: ``10 B``, ``1.5 KiB``, ``3.2 MiB``, ``1.1 GiB``."""
+    value = float(count)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def parse_size(text: Any) -> int:
+    """A byte count as people write it: ``8GiB``, ``512 MiB``, ``2G``, ``1.5GB``, ``123``, or an int.
+    K/M/G/T alone and with ``iB`` are binary, with ``B`` decimal. `ValueError` saying what is wrong."""
+    if isinstance(text, bool) or not isinstance(text, (int, str)):
+        raise ValueError(f"{text!r} is not a size (like 8GiB, 512MiB or 1000000)")
+    if isinstance(text, int):
+        if text < 0:
+            raise ValueError(f"{text} is not a size: it is negative")
+        return text
+    cleaned = text.strip().replace(" ", "")
+    number = cleaned.rstrip("KMGTPiBkmgtpib")
+    unit = cleaned[len(number):].lower()
+    try:
+        value = float(number)
+    except ValueError:
+        value = -1.0
+    if unit not in _SIZE_UNITS or not 0 <= value < float("inf"):
+        raise ValueError(f"{text[:40]!r} is not a size (like 8GiB, 512MiB or 1000000)")
+    return int(value * _SIZE_UNITS[unit])
+
+
+_SIZE_UNITS = {"": 1, "b": 1}
+for _power, _letter in enumerate("kmgtp", start=1):
+    _SIZE_UNITS |= {_letter: 1024**_power, _letter + "ib": 1024**_power, _letter + "b": 1000**_power}
+
+
+def _parse_size(value: Any, where: str) -> int:
+    try:
+        return parse_size(value)
+    except ValueError as error:
+        raise ConfigError(f"{where}: {error}") from None
+
+
+def parse_rate(text: Any) -> int:
+    """Bytes per second as people write a rate: ``10MB/s``, ``512KiB/s``, ``8Mbit/s``, ``2M``, ``125000``,
+    or an int; ``0``, ``off`` or ``none``: no cap. Byte units as `parse_size` reads them, ``/s`` optional;
+    ``kbit``/``Mbit``/``Gbit`` are decimal bits (``Kibit``... binary). `ValueError` saying what is wrong."""
+    if isinstance(text, str):
+        cleaned = text.strip().replace(" ", "")
+        lowered = cleaned.lower()
+        if lowered in ("off", "none"):
+            return 0
+        if lowered.endswith("/s"):
+            cleaned, lowered = cleaned[:-2], lowered[:-2]
+        if lowered.endswith("bit"):
+            return _parse_bits(cleaned[: -len("bit")], text)
+        text_or_size: Any = cleaned
+    else:
+        text_or_size = text
+    try:
+        return parse_size(text_or_size)
+    except ValueError:
+        raise ValueError(f"{str(text)[:40]!r} is not a rate (like 10MB/s, 512KiB/s, 8Mbit/s or 0 for none)") from None
+
+
+def _parse_bits(number_and_prefix: str, text: str) -> int:
+    prefixes = {"": 1, "k": 1000, "m": 1000**2, "g": 1000**3, "ki": 1024, "mi": 1024**2, "gi": 1024**3}
+    lowered = number_and_prefix.lower()
+    prefix = next((p for p in sorted(prefixes, key=len, reverse=True) if p and lowered.endswith(p)), "")
+    try:
+        value = float(lowered[: len(lowered) - len(prefix)])
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < float("inf"):
+        raise ValueError(f"{text[:40]!r} is not a rate (like 10MB/s, 512KiB/s, 8Mbit/s or 0 for none)")
+    return int(value * prefixes[prefix] / 8)
+
+
+def _parse_rate(value: Any, where: str) -> int:
+    try:
+        return parse_rate(value)
+    except ValueError as error:
+        raise ConfigError(f"{where}: {error}") from None
 
 
 def _check_multiaddr(text: str, where: str, *, need_peer: bool) -> None:

@@ -9,6 +9,7 @@
         listen.port    the TCP port it last listened on; a listen address with port 0 takes it again if free
         runs/          the runs it knows (`locomesh.node.runs.store`)
         crdt/          each run's op log: every op it applied there (`locomesh.node.replication.op_log`)
+        rounds/        each run's newest finished rounds here, and a mark once left (`locomesh.node.rounds.history`)
         checkpoints/   the checkpoint store: states, payloads, datasets (`locomesh.node.transfer.store`)
 
 The identity key is PKCS#8 PEM, written atomically and readable by the owner alone

@@ -11,7 +11,9 @@ own connection, which `connection_bytes` finds under a swarm connection.
 
 The same wrapping puts a `WholeWriteStream` under the counter, so that no
 write on a connection is cut short by a cancelled writer (`whole_writes`
-says why that matters).
+says why that matters), and between the two a `PacedStream`, which holds
+each read and write to the node's upload and download caps
+(`locomesh.node.bandwidth`; the meter carries the node's buckets).
 
 The wrapper works for any transport whose connections are
 `RawConnection`s (TCP, the simulator's in-memory transport). A transport that
@@ -21,23 +23,27 @@ does not use one.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+import trio
 from libp2p.abc import IListener, IRawConnection, ITransport
 from libp2p.io.abc import ReadWriteCloser
 from libp2p.network.connection.raw_connection import RawConnection
 from multiaddr import Multiaddr
 
+from locomesh.node.bandwidth import SLICE, Bandwidth
 from locomesh.node.whole_writes import WholeWriteStream
 
 
 @dataclass
 class ByteMeter:
-    """Totals of bytes received and sent over all connections of one host."""
+    """Totals of bytes received and sent over all connections of one host, and the node's rate caps
+    (which the data plane's sockets share)."""
 
     bytes_in: int = 0
     bytes_out: int = 0
+    bandwidth: Bandwidth = field(default_factory=Bandwidth)
 
 
 class CountingStream(ReadWriteCloser):
@@ -71,8 +77,48 @@ class CountingStream(ReadWriteCloser):
         return getattr(self._inner, name)
 
 
+class PacedStream(ReadWriteCloser):
+    """A connection's byte stream held to the node's upload and download caps (`bandwidth`).
+
+    A write waits for its turn shielded from cancellation: Noise sealed it with its session's next
+    nonce before writing it, so a write given up while waiting would tear the session just as one
+    cut short on the socket would (`whole_writes`). The wait is for its own reservation only,
+    never a lock: other connections' writers reserve after it and wait for theirs."""
+
+    def __init__(self, inner: ReadWriteCloser, bandwidth: Bandwidth) -> None:
+        self._inner = inner
+        self._bandwidth = bandwidth
+
+    async def read(self, n: int | None = None) -> bytes:
+        download = self._bandwidth.download
+        if not download.capped:
+            data = await self._inner.read(n)
+            download.charge(len(data))
+            return data
+        await download.wait_ready()
+        data = await self._inner.read(SLICE if n is None else min(n, SLICE))
+        download.charge(len(data))
+        return data
+
+    async def write(self, data: bytes) -> None:
+        with trio.CancelScope(shield=True):
+            await self._bandwidth.upload.take(len(data))
+        # No checkpoint between here and the shield the `WholeWriteStream` below opens first thing.
+        await self._inner.write(data)
+
+    async def close(self) -> None:
+        await self._inner.close()
+
+    def get_remote_address(self) -> tuple[str, int] | None:
+        return self._inner.get_remote_address()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
 class MeteredTransport(ITransport):
-    """`inner`, with every connection it makes or accepts counted in `meter` and written whole."""
+    """`inner`, with every connection it makes or accepts counted in `meter`, paced to its caps and
+    written whole."""
 
     def __init__(self, inner: ITransport, meter: ByteMeter) -> None:
         self.inner = inner
@@ -113,7 +159,7 @@ class MeteredTransport(ITransport):
 
 
 def _wrapped(stream: ReadWriteCloser, meter: ByteMeter) -> CountingStream:
-    return CountingStream(WholeWriteStream(stream), meter)
+    return CountingStream(PacedStream(WholeWriteStream(stream), meter.bandwidth), meter)
 
 
 # Where py-libp2p 0.8.1 keeps the raw connection under a swarm connection:

@@ -42,7 +42,7 @@ from locomesh.node.peers import PeerTracker
 from locomesh.node.rpc.dispatch import RpcRegistry
 from locomesh.node.service import SHUTDOWN_GRACE, Service
 from locomesh.node.transfer.stream_pool import StreamPool
-from locomesh.node.streams import Handler, guarded
+from locomesh.node.streams import NOT_PROTOCOL_ERRORS, Handler, guarded
 
 logger = logging.getLogger(__name__)
 
@@ -165,7 +165,12 @@ class Node:
         raise DialError("; ".join(errors) or "no address to dial")
 
     def count_protocol_error(self, code: str) -> None:
-        self._protocol_errors.inc(code=code)
+        """Count a stream dropped with error `code`: as a protocol error (bad or slow input), or,
+        for the codes a healthy peer causes (`NOT_PROTOCOL_ERRORS`), as a stream that ended early."""
+        if code in NOT_PROTOCOL_ERRORS:
+            self._streams_ended_early.inc(code=code)
+        else:
+            self._protocol_errors.inc(code=code)
 
     def add_status_field(self, name: str, value: Callable[[], Any]) -> None:
         """Add (or replace) a field of `node.status`, computed by `value()` at each call."""
@@ -283,6 +288,8 @@ class Node:
             "bytes_in": self.meter.bytes_in,
             "bytes_out": self.meter.bytes_out,
             "protocol_errors": int(sum(self._protocol_errors.values.values())),
+            "protocol_errors_by_code": _by_code(self._protocol_errors.samples()),
+            "streams_ended_early": _by_code(self._streams_ended_early.samples()),
             "services": [service.name for service in self.services],
             "bootstrap": {
                 "configured": len(self.bootstrap),
@@ -321,9 +328,20 @@ class Node:
         metrics.gauge("locomesh_uptime_seconds", "Seconds since the node started listening.", value=self.uptime)
         self._protocol_errors = metrics.counter(
             "locomesh_protocol_errors_total",
-            "Streams dropped for bad input or failure, by error code.",
+            "Streams dropped for bad or slow input from the peer (or a bug: code internal), by error code.",
             labels=("code",),
         )
+        self._streams_ended_early = metrics.counter(
+            "locomesh_streams_ended_early_total",
+            "Streams that ended before their exchange did with nothing wrong in the input "
+            "(the peer closed or reset it, or asked about a run not replicated here), by code.",
+            labels=("code",),
+        )
+
+
+def _by_code(samples: Any) -> dict[str, int]:
+    """A labelled counter's samples as {code: count}."""
+    return {labels[0]: int(value) for labels, value in samples}
 
 
 def _peer_of(address: Multiaddr) -> str | None:

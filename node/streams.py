@@ -9,7 +9,9 @@ things must hold for every one of them, and this module is where they hold:
   buffer 4 GiB), refuses a stream that ends mid-frame, and gives up after
   `timeout` seconds. All three are `ProtocolError`s with codes
   ``too-large``, ``truncated`` and ``timeout``, so they are counted and
-  charged to the sender like any other bad input.
+  charged to the sender like any other bad input. A stream closed before
+  its first frame is ``closed``: a peer that changed its mind, counted
+  apart (`NOT_PROTOCOL_ERRORS`).
 
 * **A handler never takes the host down.** In py-libp2p an exception that
   escapes a stream handler tears down the whole host (its ExceptionGroup
@@ -84,12 +86,12 @@ async def read_frame(stream: ByteStream, *, max_size: int, timeout: float) -> by
 
     Raises `ProtocolError` with code ``too-large`` (announced length over
     `max_size`; nothing of the payload is read), ``truncated`` (the stream
-    ended before the frame did, including before its first byte) or
-    ``timeout``.
+    ended inside the frame), ``closed`` (it ended before the frame's first
+    byte) or ``timeout``.
     """
     frame = await read_frame_or_eof(stream, max_size=max_size, timeout=timeout)
-    if frame is None:
-        raise ProtocolError("truncated", "stream ended where a frame was expected")
+    if frame is None:  # the peer sent nothing and closed: it changed its mind, not bad input
+        raise ProtocolError("closed", "the peer closed the stream before sending a frame")
     return frame
 
 
@@ -158,6 +160,12 @@ ErrorCounter = Callable[[str], None]
 # Failures of the stream itself (the peer reset it, the connection dropped): not bad input, not our bug.
 _STREAM_FAILURES = (IOException, trio.BrokenResourceError, trio.ClosedResourceError, ConnectionError)
 
+# Codes of streams that ended early without anything wrong in what the peer sent: it closed or reset
+# the stream (a fetch it no longer needed, a peer that left), or it asked about a run this node does
+# not replicate (yet: peers that join together ask each other before each has the run). Healthy runs
+# see these all the time, so they are counted apart from protocol errors and logged at DEBUG.
+NOT_PROTOCOL_ERRORS = frozenset({"closed", "stream-failed", "unknown-run"})
+
 
 def error_code(error: BaseException) -> str:
     """The short label an error is counted under.
@@ -224,6 +232,8 @@ def guarded(
 def _log_handler_error(name: str, peer: str, code: str, error: Exception) -> None:
     if code == "internal":
         logger.error("%s: handler failed on a stream from %s", name, peer, exc_info=error)
+    elif code in NOT_PROTOCOL_ERRORS:
+        logger.debug("%s: a stream from %s ended early: %s", name, peer, str(error) or code)
     else:
         logger.info("%s: dropped a stream from %s: %s", name, peer, str(error) or code)
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .errors import ProtocolError
-from .schema import Bool, Bytes, Int, List, Map, OneOf, Scalar, Str, Struct
+from .schema import Bool, Bytes, Float, Int, List, Map, OneOf, Scalar, Str, Struct
 
 KiB, MiB = 1024, 1024 * 1024
 RUN_ID_SIZE = 32
@@ -70,6 +70,45 @@ PEER_RECORD = register(
             }
         ),
         32 * KiB,
+        run_scoped=False,
+    )
+)
+
+# --- runs: the directory of public runs (a keeper's signed cards: dht/records.py) ----------
+
+# One peer's record under /locomesh/cards/<peer id>: a card for each public run it keeps (a few
+# members of each run do: node/runs/cards.py). Everything but the run ID is the keeper's claim;
+# a browser checks the static fields against the run's manifest and takes medians over keepers.
+MAX_CARDS = 16
+RUN_CARD = Struct(
+    {
+        "run": Bytes(RUN_ID_SIZE, RUN_ID_SIZE),
+        "task": Str(1, 128),
+        "name": Str(0, 128),
+        "dataset": Str(0, 128),  # the task config's dataset ID; "" for a task with built-in data
+        "params": Int(0, 2**50),
+        "memory": Int(0, 2**60),  # bytes a member needs (training/footprint.py)
+        "upload": Int(0, 2**60),  # bytes a member sends a round (its payload)
+        "download": Int(0, 2**60),  # bytes a member fetches a round (the others' payloads)
+        "inner_steps": Int(1, 2**32),
+        "round_deadline_s": Float(0.0, 1e7),
+        "members": Int(0, 2**32),
+        "rounds": Int(0, 2**40),
+        "created": Int(0, 2**63 - 1),
+    }
+)
+RUN_CARDS = register(
+    MessageKind(
+        "run.cards",
+        Struct(
+            {
+                "cards": List(RUN_CARD, max_len=MAX_CARDS),
+                "seq": Int(0, 2**63 - 1),
+                "updated": Int(0, 2**63 - 1),
+                "expires": Int(0, 2**63 - 1),
+            }
+        ),
+        32 * KiB,  # MAX_CARDS cards with every string at its longest fit
         run_scoped=False,
     )
 )

@@ -263,5 +263,5 @@ def test_a_join_on_devices_the_machine_lacks_is_a_clear_error(no_gpu):
     with pytest.raises(RpcError, match="cannot train here on device 'cuda:3': cuda:3 asked for") as caught:
         trio.run(service._make_participant, factory, {"any": "body"})
     assert caught.value.code == NO_DEVICE
-    default = service._default_factory()
-    assert default.keywords == {"device": "cuda:3", "local_workers": 1}
+    default = trio.run(service._default_factory)
+    assert default.keywords == {"device": "cuda:3", "local_workers": 1, "train_threads": 0}

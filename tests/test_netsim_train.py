@@ -9,6 +9,7 @@ import pytest
 
 from locomesh.netsim.scenarios import SCENARIOS, train
 from locomesh.node.rounds.payloads import FETCH_TIMEOUT
+from locomesh.node.rounds.state import MIN_COLLECT_SECONDS
 from locomesh.netsim.sim_participant import JUNK_MARK, SimCost, SimParticipant
 from locomesh.node.transfer.store import load_state, write_state
 from locomesh.training.checkpoint_manifest import LimitError
@@ -67,9 +68,11 @@ def test_delayed_updates_overlap_training_with_the_exchange():
     assert len(delayed["hashes"]) == 8 and len(set(delayed["hashes"].values())) == 1
     assert delayed["summary"]["nodes that reached the last round"] == 8
     round_times = [row[3] for row in delayed["tables"][0]["rows"][1:]]
+    # Each round takes less than compute plus the cutoff window, their sum without the overlap (the
+    # keepers' run cards, published to the DHT as the members join, cost round 2 a quarter second).
     # One certificate may come less than `compute` after the one before (that round's training
     # started ahead, before it), but the rounds cannot outrun the compute on average.
-    assert all(seconds < compute + 1.0 for seconds in round_times), round_times
+    assert all(seconds < compute + MIN_COLLECT_SECONDS for seconds in round_times), round_times
     assert sum(round_times) / len(round_times) >= compute - 0.5, round_times
     # Without the overlap at most 3 x 6 s of compute in 3 x (6 + 2) s: a share of 0.75.
     assert delayed["summary"]["compute share min"] > 0.78  # 0.82 measured

@@ -12,7 +12,7 @@ from locomesh.node.daemon import default_services
 
 def test_the_daemon_starts_each_service_after_what_it_needs(tmp_path):
     names = [service.name for service in default_services(NodeConfig(tmp_path))]
-    assert names == ["ping", "reach", "portmap", "relay", "runs", "crdt", "checkpoints", "rounds"]
+    assert names == ["bandwidth", "ping", "reach", "portmap", "relay", "doctor", "runs", "crdt", "checkpoints", "rounds"]
 
 
 def test_the_daemon_wires_its_services_to_each_other_over_its_data_dir(tmp_path):
@@ -32,7 +32,7 @@ def test_injected_pieces_replace_the_daemons_own(tmp_path):
     pieces = Pieces(participant_factory=factory, compute=compute, offload=run_inline, dataplane=False,
                     checkpoint_service=WithholdingCheckpointService, network=False)
     services = node_services(NodeConfig(tmp_path), pieces)
-    assert [service.name for service in services.in_start_order()] == ["runs", "crdt", "checkpoints", "rounds"]
+    assert [service.name for service in services.in_start_order()] == ["bandwidth", "runs", "crdt", "checkpoints", "rounds"]
     assert isinstance(services.checkpoints, WithholdingCheckpointService) and not services.checkpoints.dataplane
     rounds = services.rounds
     assert rounds is not None
@@ -42,4 +42,4 @@ def test_injected_pieces_replace_the_daemons_own(tmp_path):
 def test_a_node_without_the_round_service_replicates_and_serves_only(tmp_path):
     services = node_services(NodeConfig(tmp_path), Pieces(network=False, rounds=False))
     assert services.rounds is None
-    assert [service.name for service in services.in_start_order()] == ["runs", "crdt", "checkpoints"]
+    assert [service.name for service in services.in_start_order()] == ["bandwidth", "runs", "crdt", "checkpoints"]

@@ -19,20 +19,9 @@ import pytest
 
 from locomesh.training.codec import Encoder, non_finite_payload
 from locomesh.training.outer import EmptyRoundError, OuterStep, SpareVectors, params_hash
-
-NUMEL = 100_001  # several slabs and a ragged tail
-AUTHORS = 6
-ROUNDS = 3  # the third round's peer momenta have a history
-AGGREGATORS = [
-    ("centered_clip", {}),
-    ("mean", {}),
-    ("coordinate_median", {}),
-    ("trimmed_mean", {"beta": 0.2}),
-    ("geometric_median", {"iterations": 4}),
-    ("multi_krum", {"f": 1, "m": 3}),
-]
-CAP = 60.0  # below the first round's aggregate norm, so the cap path runs
-SHARD_VALUES = 30_000  # sharded exchange: 4 shards, the last one ragged
+from locomesh.training.reference_hashes import (  # the vectors doctor checks a CPU with, too
+    AGGREGATORS, AUTHORS, CAP, REFERENCE_HASHES, ROUNDS, write_round_files,
+)
 
 PROBE = r"""
 import json, pathlib, sys
@@ -106,27 +95,6 @@ SETTINGS = {
 }
 
 
-def write_round_files(folder) -> None:
-    rng = np.random.default_rng(2024)
-    theta = rng.standard_normal(NUMEL).astype(np.float32)
-    theta.astype("<f4").tofile(folder / "theta.f32")
-    authors = [f"author-{i}" for i in range(AUTHORS)]
-    encoders = {author: Encoder("int8", error_feedback=True) for author in authors}
-    direction = rng.standard_normal(NUMEL).astype(np.float32)
-    for r in range(ROUNDS):
-        for i, author in enumerate(authors):
-            delta = (0.3 * direction + 0.1 * rng.standard_normal(NUMEL)).astype(np.float32)
-            if i == AUTHORS - 1:
-                delta *= np.float32(-50)  # an attacker
-            delta.tofile(folder / f"delta-{author}.f32")
-            payload = encoders[author].encode(delta)
-            if r == 1 and i == 0:
-                payload = non_finite_payload("int8", float("nan"), NUMEL)  # rejected, not raised
-            (folder / f"{r}-{author}.bin").write_bytes(payload)
-    spec = {"aggregators": AGGREGATORS, "authors": authors, "rounds": ROUNDS, "cap": CAP, "shard_values": SHARD_VALUES}
-    (folder / "spec.json").write_text(json.dumps(spec))
-
-
 @pytest.fixture(scope="module")
 def outcomes(tmp_path_factory):
     folder = tmp_path_factory.mktemp("outer-determinism")
@@ -149,6 +117,14 @@ def test_outer_step_is_bit_identical_under_every_setting(outcomes):
     assert set(reference) == {name for name, _ in AGGREGATORS} | {"centered_clip@sharded", "centered_clip+peer_momentum"}
     for label, result in results.items():
         assert result["exact"] == reference, f"{label} computed other bits"
+
+
+def test_every_setting_computes_the_written_reference_hashes(outcomes):
+    """The hashes `locomesh doctor` compares a machine against are the ones every setting computes."""
+    _, results = outcomes
+    for label, result in results.items():
+        for name, _ in AGGREGATORS:
+            assert [row[0] for row in result["exact"][name]] == REFERENCE_HASHES[name], f"{label}: {name}"
 
 
 def test_subprocesses_agree_with_this_process(outcomes):

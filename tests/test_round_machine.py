@@ -537,3 +537,38 @@ def test_the_last_proposer_proposes_even_a_set_the_others_would_refuse():
     actions = machine.handle(rm.Trained(1, b"p" * 32, 100, 4.0, 5.0))  # the cutoff was 3.0
     cut = tuple(sorted((A, B)))
     assert actions == [rm.PublishCommit(1, b"p" * 32, 100), rm.PublishProposal(1, cut), rm.StartAggregate(1, cut, 1.0)]
+
+
+def test_a_peer_that_sits_out_finishes_its_round_then_leaves_once_and_trains_nothing():
+    machine, _ = trained_machine()  # round 1 under way: training was done before the pause
+    commits = {A: (b"pa" * 16, 10), B: (b"pb" * 16, 11), ME: (b"p" * 32, 100)}
+    sitting = rm.Observation(10.1, 0, None, frozenset((ME, A, B)), commits, sit_out=True)
+    assert kinds(machine.handle(sitting)) == ["Fetch", "Fetch"]  # the round under way goes on
+    machine.handle(rm.Fetched(1, A, True, 10.2))
+    machine.handle(rm.Fetched(1, B, True, 10.3))
+    machine.handle(rm.Aggregated(1, H1, 10.4))
+    after = rm.Observation(10.5, 1, H1, frozenset((ME, A, B)), {}, sit_out=True)
+    assert machine.handle(after) == [rm.RoundDone(1, H1, 3, synced=False), rm.PublishLeave(1)]
+    left = rm.Observation(10.6, 1, H1, frozenset((A, B)), {}, member=False, sit_out=True)
+    assert machine.handle(left) == []  # no second leave, no join, no training
+    assert machine.phase is rm.Phase.IDLE
+
+
+def test_a_peer_that_sits_out_keeps_its_state_current_and_resumes_without_a_sync():
+    machine = rm.RoundMachine(ME, state_round=1, state_hash=H1)
+    assert machine.handle(rm.Observation(1.0, 1, H1, frozenset((ME, A, B)), {}, sit_out=True)) == [rm.PublishLeave(1)]
+    # The run goes on without us: every certified round is synced, whatever the phase.
+    assert machine.handle(rm.Observation(20.0, 2, H2, frozenset((A, B)), {}, member=False, sit_out=True)) == [
+        rm.StartSync(2, H2)]
+    assert machine.handle(rm.Synced(2, H2, 21.0)) == [rm.RoundDone(2, H2, 0, synced=True)]
+    assert machine.state_round == 2 and machine.state_hash == H2
+    # Resumed: join the contributors again from the next round, then train from the state held.
+    assert machine.handle(rm.Observation(22.0, 2, H2, frozenset((A, B)), {}, member=False)) == [rm.PublishJoin(3)]
+    assert machine.handle(rm.Observation(22.1, 2, H2, frozenset((A, B, ME)), {})) == [rm.StartTraining(3)]
+
+
+def test_a_peer_that_resumes_while_a_round_is_under_way_joins_the_one_after():
+    machine = rm.RoundMachine(ME, state_round=2, state_hash=H2)
+    under_way = rm.Observation(5.0, 2, H2, frozenset((A, B)), {A: (b"pa" * 16, 10)}, member=False)
+    assert machine.handle(under_way) == [rm.PublishJoin(4)]
+    assert machine.handle(under_way) == []  # once per certified round

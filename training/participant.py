@@ -120,10 +120,14 @@ class Participant:
         attack: str | None = None,
         device: str = "cpu",
         local_workers: int = 1,
+        train_threads: int = 0,
     ) -> None:
         """`device`, `local_workers`: where the inner steps run (`devices.local_devices`: one device,
-        or a data-parallel group of several); `DeviceError` if this machine lacks them."""
+        or a data-parallel group of several); `DeviceError` if this machine lacks them.
+        `train_threads`: torch's CPU threads for the inner steps (0: torch's default; the ranks of a
+        data-parallel group on the CPU share the cores out themselves)."""
         self.task = task
+        self.train_threads = train_threads
         self.settings = settings
         self.worker = inner_worker(
             task, model_seed, run_seed, peer_index(key),
@@ -145,7 +149,7 @@ class Participant:
     @classmethod
     def for_run(
         cls, genesis_body: Mapping[str, Any], key: bytes, attack: str | None = None, *,
-        device: str = "cpu", local_workers: int = 1,
+        device: str = "cpu", local_workers: int = 1, train_threads: int = 0,
     ) -> Participant:
         """A participant for the run whose manifest body is `genesis_body`, at round 0, training on
         `device` with `local_workers` (see `__init__`); `RunSettingsError` (a `ParticipantError`) if
@@ -154,7 +158,7 @@ class Participant:
         settings, task = check_run_settings(genesis_body["task"], genesis_body["task_config"], genesis_body["hparams"])
         seed = genesis_body["seed"]
         return cls(task, settings, model_seed=seed, run_seed=seed, key=key, attack=attack,
-                   device=device, local_workers=local_workers)
+                   device=device, local_workers=local_workers, train_threads=train_threads)
 
     def close(self) -> None:
         """Stop the processes of a data-parallel worker (nothing to do for one on a single device);
@@ -178,6 +182,7 @@ class Participant:
         if getattr(self.task, "dataset_id", None) is not None and data is None:
             raise ParticipantError("this run trains on a dataset: a round needs the shards it assigned this peer")
         batches = None if data is None else self.task.round_batches(data, self.settings.batch_size)
+        self._limit_threads()
         result = self.worker.run_round(self.outer.theta if start is None else start,
                                        self.settings.inner_steps, stop=stop, batches=batches)
         self._check_finite(result.mean_loss, result.steps, result.delta)
@@ -186,6 +191,14 @@ class Participant:
         else:
             payload = self._attack_payload(result.delta)
         return Contribution(payload, result.steps, result.mean_loss, result.seconds, result.delta)
+
+    def _limit_threads(self) -> None:
+        """Hold torch to `train_threads` in the thread that trains: with OpenMP the setting is the
+        calling thread's, and the node trains in whichever worker thread it is given."""
+        if self.train_threads:
+            import torch
+
+            torch.set_num_threads(self.train_threads)
 
     def _check_finite(self, loss: float, steps: int, delta: np.ndarray) -> None:
         finite_delta = bool(np.isfinite(delta).all())

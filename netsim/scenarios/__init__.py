@@ -1,24 +1,43 @@
 """Scenarios: each is a module with ``run(*, nodes, seed, progress, **options) -> report dict``,
-whose options are the fields of its ``Config`` dataclass."""
+whose options are the fields of its ``Config`` dataclass (declared with `options.option`, which
+carries each one's help), and whose docstring's first line says what it shows."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Callable, Iterable
 
-from . import checkpoint, connectivity, dht, nat, train
+from . import checkpoint, connectivity, dht, directory, nat, train
+from .options import describe, option_fields
 
-_MODULES = {"connectivity": connectivity, "dht": dht, "checkpoint": checkpoint, "train": train, "nat": nat}
+_MODULES = {"connectivity": connectivity, "dht": dht, "directory": directory, "checkpoint": checkpoint, "train": train,
+            "nat": nat}
 SCENARIOS: dict[str, Callable[..., dict]] = {name: module.run for name, module in _MODULES.items()}
 CONFIGS: dict[str, type] = {name: module.Config for name, module in _MODULES.items()}
-NOT_OPTIONS = ("nodes",)  # set by run's own keyword (the CLI's --nodes)
+
+
+class UnknownOption(ValueError):
+    """An ``-o`` key the scenario does not have (`key`); its message lists the options and defaults."""
+
+    def __init__(self, scenario: str, key: str, known: str) -> None:
+        super().__init__(f"scenario {scenario!r} has no option {key!r}; its options (defaults): {known}")
+        self.scenario, self.key = scenario, key
 
 
 def option_defaults(scenario: str) -> dict[str, object]:
     """The options `scenario` takes, each with its default."""
-    fields = dataclasses.fields(CONFIGS[scenario])
-    return {f.name: f.default for f in fields if f.name not in NOT_OPTIONS}
+    return {field.name: field.default for field in option_fields(CONFIGS[scenario])}
+
+
+def shows(scenario: str) -> str:
+    """What `scenario` shows, in a line (its module docstring's first line, less the name)."""
+    first = (_MODULES[scenario].__doc__ or "").strip().splitlines()[0]
+    return first.partition(": ")[2] or first
+
+
+def scenario_help(scenario: str) -> list[str]:
+    """`scenario`'s name, what it shows, and its options with defaults and help, as lines."""
+    return [f"{scenario}: {shows(scenario)}", *describe(CONFIGS[scenario], indent="    -o ")]
 
 
 def parse_options(scenario: str, settings: Iterable[str]) -> dict[str, object]:
@@ -38,7 +57,7 @@ def parse_options(scenario: str, settings: Iterable[str]) -> dict[str, object]:
             raise ValueError(f"option {setting!r} is not KEY=VALUE")
         if key not in defaults:
             known = ", ".join(f"{name}={value}" for name, value in defaults.items())
-            raise ValueError(f"scenario {scenario!r} has no option {key!r}; its options (defaults): {known}")
+            raise UnknownOption(scenario, key, known)
         options[key] = _parse_value(key, text.strip(), defaults[key])
     return options
 

@@ -19,9 +19,11 @@ Story, in virtual time:
 The report counts every deliberate dial by (dialer NAT type, target NAT
 type) and how it got through: ``direct`` (target public), ``nat-mapping``
 (through the target's NAT because its filter admitted the dialer), ``lan``
-(behind the same NAT), or not at all. Relays and hole punching come in a
-later issue: their columns are there and empty. Next to it, the pure NAT
-model's verdict for the same pairs; then the gossip's delivery.
+(behind the same NAT), or not at all: this scenario dials directly only (the
+daemon's relays and hole punching are scenario `nat`'s). Next to it, the pure
+NAT model's verdict for the same pairs; then the gossip's delivery. The
+verdict: the largest mesh holds `min_connected` of the live nodes, the
+connected nodes form one mesh, and the flood lost nothing on it.
 """
 
 from __future__ import annotations
@@ -41,8 +43,10 @@ from ..nat_model import hole_punch_succeeds, reachable
 from ..network import DialOutcome
 from ..node import SimNode
 from ..pex import PeerEntry, PeerExchange
-from ..report import percentile, table
+from ..report import counted, criterion, glossary, percentile, table, verdict
 from ..simulation import Simulation, run_simulation
+from . import glossaries
+from .options import option
 
 Progress = Callable[[str], None]
 
@@ -58,15 +62,18 @@ NAT_MIX: dict[NatType, float] = {
 @dataclass(frozen=True)
 class Config:
     nodes: int = 100
-    bootstraps: int = 0  # 0: one per 100 nodes, at least 2
-    degree: int = 4
-    want: int = 16
-    rounds: int = 3
-    round_interval: float = 10.0
-    join_window: float = 20.0
-    messages: int = 10
-    settle: float = 20.0
-    shared_nat: float = 0.15  # chance a NATed node joins the previous box of its type (up to 3 nodes per box)
+    bootstraps: int = option(0, "public bootstrap nodes that introduce nodes to each other (0: one per 100 nodes, "
+                                "at least 2)")
+    degree: int = option(4, "connections each node opens to other nodes (its flood neighbours)")
+    want: int = option(16, "addresses of earlier joiners a node asks its bootstrap node for, per round")
+    rounds: int = option(3, "times a node asks for addresses and dials until it has `degree` connections")
+    round_interval: float = option(10.0, "virtual seconds between those rounds")
+    join_window: float = option(20.0, "virtual seconds over which the nodes start, at random times")
+    messages: int = option(10, "nodes that each broadcast one message once all have joined")
+    settle: float = option(20.0, "virtual seconds the messages get to spread before the counting")
+    shared_nat: float = option(0.15, "chance a NATed node joins the previous NAT box of its type (up to 3 nodes "
+                                     "per box), as machines of one home share a router")
+    min_connected: float = option(0.9, "verdict: the share of live nodes the largest mesh must hold")
 
     @property
     def bootstrap_count(self) -> int:
@@ -96,6 +103,7 @@ class _Run:
         self.bootstrap_ids: set[str] = set()  # bootstrap nodes learn of each other by asking; peers skip them
         self.attempts: list[_Attempt] = []
         self.published: dict[bytes, float] = {}
+        self.publisher_of: dict[bytes, str] = {}  # message id -> the node that published it (for the report)
 
     # --- building the population ----------------------------------------------------------------
 
@@ -209,6 +217,7 @@ class _Run:
         for node in publishers:
             ident = self.floods[node.name].publish(f"hello from {node.name}".encode())
             self.published[ident] = trio.current_time()
+            self.publisher_of[ident] = node.name
             await trio.sleep(1.0)
         await trio.sleep(self.config.settle)
         self.progress(f"t={trio.current_time():.1f}s: done")
@@ -216,12 +225,61 @@ class _Run:
     # --- reporting ------------------------------------------------------------------------------
 
     def report(self) -> dict:
+        judged = verdict(self._criteria())
         return {
             "scenario": "connectivity",
+            "overview": self._overview(),
+            "verdict": judged,
             "config": asdict(self.config),
             "summary": self._summary(),
             "tables": [self._pair_table(), self._model_table(), self._gossip_table(), self._error_table()],
+            "glossary": glossary(glossaries.CONNECTIVITY,
+                                 common=("seed", "virtual seconds", "p50, p90, p99", "errors counted by nodes")),
         }
+
+    def _overview(self) -> str:
+        live = [node for node in self.peers if node.running]
+        groups = self._components()
+        largest = max(map(len, groups), default=0)
+        alone = sum(1 for group in groups if len(group) == 1)
+        delivered, expected, _ = self._delivery()
+        by_type = Counter(node.interface.nat_type.value for node in self.peers)
+        types = ", ".join(f"{count} {name}" for name, count in by_type.items())
+        return (
+            f"{self.config.nodes} simulated nodes, {len(self.bootstraps)} public bootstrap nodes and {len(self.peers)} "
+            f"others by NAT type ({types}), started over {self.config.join_window:g} virtual seconds; each of the "
+            f"others tried to connect directly to {counted(self.config.degree, 'node')} it learnt of from a bootstrap "
+            "node, then "
+            f"{len(self.published)} of them each broadcast a message by flooding. "
+            f"The largest connected mesh held {largest} of the {len(live)} nodes, "
+            + (f"and {counted(alone, 'node')} could connect to nobody (direct connections only: the relays and hole "
+               "punching that reach such nodes are `sim nat`'s). " if alone else "and every node had a connection. ")
+            + f"The messages reached {_share_text(delivered, expected)} of the (message, node) pairs."
+        )
+
+    def _criteria(self) -> list[dict]:
+        live = sum(1 for node in self.peers if node.running)
+        groups = self._components()
+        largest = max(map(len, groups), default=0)
+        meshes = sum(1 for group in groups if len(group) > 1)
+        delivered, expected, within = self._delivery()
+        return [
+            criterion(f"the largest mesh holds at least {self.config.min_connected:.0%} of the live nodes",
+                      f"{largest} of {live}", live > 0 and largest >= self.config.min_connected * live),
+            criterion("the nodes that got connections form one mesh, not several", counted(meshes, "mesh", "meshes"),
+                      meshes <= 1),
+            criterion("every message reached every node with a path to its publisher (the flood lost nothing)",
+                      f"{delivered} of {within} such deliveries", delivered >= within),
+        ]
+
+    def _delivery(self) -> tuple[int, int, int]:
+        """Deliveries made, deliveries to every live node, and deliveries to every live node in its
+        publisher's part of the mesh (what a lossless flood must make)."""
+        live = [node for node in self.peers if node.running]
+        part = {name: len(group) for group in self._components() for name in group}
+        delivered = sum(1 for ident in self.published for node in live if ident in self.floods[node.name].arrivals)
+        within = sum(part.get(self.publisher_of[ident], 0) for ident in self.published)
+        return delivered, len(self.published) * len(live), within
 
     def _summary(self) -> dict:
         degrees = [len(self.floods[node.name].neighbours) for node in self.peers]
@@ -237,15 +295,19 @@ class _Run:
             "connection attempts (all, incl. libp2p's own)": len(self.sim.network.dials),
             "flood degree mean": round(sum(degrees) / len(degrees), 3) if degrees else None,
             "nodes without flood neighbours": sum(1 for d in degrees if d == 0),
-            # Why islands: such a node's dials all met NATs it cannot get through (no relays yet),
-            # and nobody could dial it either (it sits behind a port-restricted or symmetric NAT).
+            # Why islands: such a node's dials all met NATs it cannot get through (this scenario has no
+            # relays), and nobody could dial it either (it sits behind a port-restricted or symmetric NAT).
             "nodes without flood neighbours, by NAT type": dict(sorted(alone.items())),
             "flood mesh components": len(components),
             "largest flood mesh component": max(components, default=0),
         }
 
     def _component_sizes(self) -> list[int]:
-        """Sizes of the connected components of the flood mesh among running nodes."""
+        """Sizes of the connected components of the flood mesh among running nodes, largest first."""
+        return sorted(map(len, self._components()), reverse=True)
+
+    def _components(self) -> list[set[str]]:
+        """The connected components of the flood mesh among running nodes, as sets of node names."""
         names = {str(node.peer_id): node.name for node in self.peers if node.running}
         parent = {name: name for name in names.values()}
 
@@ -259,7 +321,10 @@ class _Run:
             for neighbour in self.floods[name].neighbours:
                 if neighbour in names:
                     parent[root(name)] = root(names[neighbour])
-        return sorted(Counter(root(name) for name in parent).values(), reverse=True)
+        groups: dict[str, set[str]] = {}
+        for name in parent:
+            groups.setdefault(root(name), set()).add(name)
+        return list(groups.values())
 
     def _pair_table(self) -> dict:
         rows = []
@@ -273,15 +338,16 @@ class _Run:
                 rows.append([
                     dialer.value, target.value, total,
                     hows[DialOutcome.DIRECT], hows[DialOutcome.NAT_MAPPING], hows[DialOutcome.LAN],
-                    None, None,  # relay, hole punch: a later issue
                     hows[None], round(reached / total, 3),
                 ])
         return table(
             "Dials by NAT type pair (dialer -> target) and how they got through",
-            ["dialer", "target", "attempts", "direct", "nat-mapping", "lan", "relay", "hole-punch", "failed", "reached"],
+            ["dialer", "target", "attempts", "direct", "nat-mapping", "lan", "failed", "reached"],
             rows,
-            note="Deliberate dials of the scenario (to addresses a bootstrap observed). "
-            "Relay and hole-punch columns stay empty until those protocols exist.",
+            note="Deliberate dials of the scenario (to addresses a bootstrap observed), direct only: this scenario "
+            "has no relays and no hole punching (`locomesh sim nat` runs the daemon's). direct: the target is "
+            "public; nat-mapping: through the target's NAT, whose filter let the dialer in; lan: both behind the "
+            "same NAT; reached: the share of attempts that connected.",
         )
 
     def _model_table(self) -> dict:
@@ -291,7 +357,10 @@ class _Run:
             for dialer in NatType
         ]
         columns = ["dialer \\ target"] + [f"dial {t.value}" for t in NatType] + [f"punch {t.value}" for t in NatType]
-        return table("What the NAT model predicts", columns, rows, note="dial: without help; punch: simultaneous open.")
+        return table("What the NAT model predicts", columns, rows,
+                     note="dial: can the dialer connect to the target without help; punch: can a hole punch (both "
+                     "sides dialling at once, coordinated through a relay) connect them. yes or no by NAT type, "
+                     "from `netsim/nat_model.py`, for comparison with the dials above.")
 
     def _gossip_table(self) -> dict:
         live = [node for node in self.peers if node.running]
@@ -324,6 +393,10 @@ class _Run:
         for node in self.sim.nodes.values():
             errors.update(node.errors)
         return table("Errors counted by nodes", ["code", "count"], sorted(errors.items()))
+
+
+def _share_text(part: int, whole: int) -> str:
+    return f"{part / whole:.1%}" if whole else "none"
 
 
 def _rounded(value: float | None) -> float | None:

@@ -29,7 +29,8 @@ the call to its answer, a 20 s timeout counting as a failure), and DHT
 requests per lookup (every Kademlia request the looking node sent: a
 looking node runs one lookup at a time, so its request count over the lookup
 is the lookup's). Kademlia's hop count is not visible from outside its walk,
-so requests stand in for it.
+so requests stand in for it. The verdict: at least `min_success` of the
+lookups succeeded.
 """
 
 from __future__ import annotations
@@ -49,8 +50,10 @@ from locomesh.protocol.runs import run_id, sign_manifest
 from .. import clock
 from ..links import LinkProfile
 from ..node import SimNode
-from ..report import percentile, table
+from ..report import counted, criterion, glossary, percentile, table, verdict
 from ..simulation import Simulation, run_simulation
+from . import glossaries
+from .options import option
 
 Progress = Callable[[str], None]
 KINDS = ("value", "providers")
@@ -60,16 +63,17 @@ STOP_TIMEOUT = 30.0  # virtual seconds a crashed node's host gets to finish stop
 @dataclass(frozen=True)
 class Config:
     nodes: int = 100
-    seeds: int = 0  # 0: one per 100 nodes, at least 3
-    churn: float = 0.2  # share of the non-seed nodes that come and go
-    records: int = 0  # 0: one per 10 nodes, at least 5
-    lookups: int = 0  # 0: as many as nodes
-    join_window: float = 30.0
-    settle: float = 30.0
-    lookup_window: float = 120.0
-    session: float = 120.0  # a churner's mean time online between crashes
-    downtime: float = 30.0  # a crashed churner's mean time offline
-    provider_limit: int = 1
+    seeds: int = option(0, "seed nodes, the first contacts of every node (0: one per 100 nodes, at least 3)")
+    churn: float = option(0.2, "share of the other nodes that come and go (crash, come back, or join late)")
+    records: int = option(0, "runs published in the DHT (0: one per 10 nodes, at least 5)")
+    lookups: int = option(0, "lookups made while nodes come and go (0: as many as nodes)")
+    join_window: float = option(30.0, "virtual seconds over which the nodes start, at random times")
+    settle: float = option(30.0, "virtual seconds after the joins before the runs are published")
+    lookup_window: float = option(120.0, "virtual seconds over which the lookups happen")
+    session: float = option(120.0, "a churning node's mean virtual seconds online between crashes")
+    downtime: float = option(30.0, "a crashed node's mean virtual seconds offline")
+    provider_limit: int = option(1, "providers a provider lookup asks for before it stops")
+    min_success: float = option(0.99, "verdict: the share of lookups that must find what they looked for")
 
     @property
     def seed_count(self) -> int:
@@ -313,10 +317,34 @@ class _Run:
     def report(self) -> dict:
         return {
             "scenario": "dht",
+            "overview": self._overview(),
+            "verdict": verdict(self._criteria()),
             "config": asdict(self.config),
             "summary": self._summary(),
             "tables": [self._lookup_table(), self._failure_table()],
+            "glossary": glossary(glossaries.DHT),
         }
+
+    def _success_rate(self) -> float | None:
+        return round(sum(lookup.ok for lookup in self.lookups) / len(self.lookups), 4) if self.lookups else None
+
+    def _overview(self) -> str:
+        rate = self._success_rate()
+        found = "none ran" if rate is None else f"{rate:.1%} found what they looked for"
+        churn = (f"{counted(self.counts.crashes, 'crash', 'crashes')}, {counted(self.counts.restarts, 'restart')}, "
+                 f"{counted(self.counts.new_joins, 'late join')}")
+        return (
+            f"{self.config.nodes} simulated nodes joined a Kademlia DHT (the daemon's own code) through "
+            f"{len(self.seeds)} seed nodes, and {counted(len(self.published), 'node')} published a training run each. "
+            f"Then, while {counted(len(self.churners), 'node')} came and went ({churn}), random nodes made "
+            f"{counted(len(self.lookups), 'lookup')} for those runs, by value and by provider: {found}."
+        )
+
+    def _criteria(self) -> list[dict]:
+        rate = self._success_rate()
+        return [criterion(f"at least {self.config.min_success:.0%} of the lookups found the run or its publisher",
+                          "no lookups" if rate is None else rate,
+                          rate is not None and rate >= self.config.min_success)]
 
     def _summary(self) -> dict:
         done = self.lookups
@@ -336,7 +364,7 @@ class _Run:
             "publish failures": self.counts.publish_failures,
             "lookups": len(done),
             "lookups skipped (no idle seeded node)": self.counts.lookups_skipped,
-            "lookup success rate": round(len(ok) / len(done), 4) if done else None,
+            "lookup success rate": self._success_rate(),
             "latency p50 s": _rounded(percentile([lookup.seconds for lookup in ok], 50)),
             "latency p99 s": _rounded(percentile([lookup.seconds for lookup in ok], 99)),
             "routing table size at end (median)": percentile(tables, 50),

@@ -84,6 +84,7 @@ from ..node import SimNode
 from ..simulation import Simulation, derive_seed, run_simulation
 from .nat_report import PairRecord, RestartRecord, RunRecord, report
 from .nat_topology import TOPOLOGIES, Kind, Placer, shared_boxes
+from .options import option
 
 Progress = Callable[[str], None]
 RELAY = Kind("public", Attachment())
@@ -93,18 +94,21 @@ POLL = 0.25  # seconds between looks at a pair's connections
 @dataclass(frozen=True)
 class Config:
     nodes: int = 30
-    relays: int = 5  # public relay + bootstrap nodes, in a ring (included in `nodes`)
-    bootstraps_per_node: int = 2
-    settle: float = 60.0
-    pairs_per_type_pair: int = 4
-    upgrade_wait: float = 60.0  # longer than the 30 s target, so that a slow upgrade shows as slow
-    pair_spacing: float = 0.5  # seconds between the starts of two pairs' connects
-    topology: str = "homes"  # see nat_topology: homes, cgnat
-    cgnats: int = 2  # shared CGNATs, for topologies that have nodes behind one
-    seeds: int = 1  # runs, from the given seed on, pooled in one report
-    relay_outage: float = 30.0  # seconds the killed relay stays down (0: no relay is killed)
-    relays_killed: int = 1  # how many relays die together (the busiest ones)
-    recovery_wait: float = 120.0  # seconds watched from the kill
+    relays: int = option(5, "public nodes that relay for others and bootstrap them, in a ring (counted in --nodes)")
+    bootstraps_per_node: int = option(2, "relays each node keeps connected as its bootstrap peers")
+    settle: float = option(60.0, "virtual seconds for the nodes to find out whether they are reachable and "
+                                 "reserve relay slots, before the pairs connect")
+    pairs_per_type_pair: int = option(4, "pairs tried per pair of NAT kinds (every pair in small runs)")
+    upgrade_wait: float = option(60.0, "virtual seconds a relayed pair gets to go direct by hole punching "
+                                       "(longer than the 30 s target, so a slow upgrade shows as slow)")
+    pair_spacing: float = option(0.5, "virtual seconds between the starts of two pairs' connections")
+    topology: str = option("homes", "who sits behind what: homes (each node behind its own home NAT) or cgnat "
+                                    "(carrier-grade NATs shared by several homes, double NAT, identical home LANs)")
+    cgnats: int = option(2, "shared carrier-grade NATs, for topology cgnat")
+    seeds: int = option(1, "runs, from the given seed on, pooled in one report (--seeds)")
+    relay_outage: float = option(30.0, "virtual seconds the killed relay stays down (0: no relay is killed)")
+    relays_killed: int = option(1, "how many relays die together (the busiest ones)")
+    recovery_wait: float = option(120.0, "virtual seconds the links are watched from the kill")
 
 
 @dataclass

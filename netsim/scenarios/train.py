@@ -29,7 +29,9 @@ The run:
 
 Measured (virtual time): per round, when it was first seen certified, how many payloads it
 aggregated and how many peers had to sync; per node, the compute share: modelled training
-seconds over the virtual seconds from its first training to its last finished round.
+seconds over the virtual seconds from its first training to its last finished round. The
+verdict: every round certified, every live node reached the last one, the live honest nodes hold
+one state, and each round's certified state is one an honest node computed itself.
 
 What the defaults stand for: a payload of `payload_bytes` is the int8 pseudo-gradient of a
 model with that many parameters; a round's compute is `inner_steps` steps of `step_seconds`.
@@ -40,15 +42,13 @@ payload_bytes per round at tens of MB (a few minutes of wall time for 32 nodes o
 from __future__ import annotations
 
 import tempfile
-from collections import Counter
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import trio
 
-from locomesh.crdt.scores import accepted_counts
 from locomesh.node.assembly import NodeServices, Pieces, node_services
 from locomesh.node.config import NodeConfig
 from locomesh.node.rounds.participation import RunParticipation
@@ -61,14 +61,14 @@ from .. import clock
 from ..links import Capacity, LinkProfile
 from ..node import SimNode
 from ..offload import run_inline
-from ..report import percentile, table
 from .. import adversaries
 from ..adversaries import WithholdingCheckpointService
 from ..sim_participant import SimCompute, SimCost, SimParticipant
 from ..simulation import Simulation, run_simulation
+from .options import option
+from .train_report import HOSTILE, MEGABIT, TrainReporting  # noqa: F401 - HOSTILE: re-exported
 
 Progress = Callable[[str], None]
-MEGABIT = 1_000_000 / 8
 WATCH_SECONDS = 0.05  # virtual seconds between looks at the nodes' finished rounds (timing resolution)
 RESTART_ROUND = 2  # a restarter is killed right after its commit in this round
 RESTART_DELAY = 2.0  # virtual seconds it stays down
@@ -77,39 +77,39 @@ RESTART_DELAY = 2.0  # virtual seconds it stays down
 @dataclass(frozen=True)
 class Config:
     nodes: int = 32
-    rounds: int = 3
-    uplink: float = 100 * MEGABIT
-    downlink: float = 100 * MEGABIT
-    latency: float = 0.05  # one way
-    buffer: int = 4 * 1024 * 1024  # in-flight bytes per connection (a grown TCP window)
-    inner_steps: int = 500
-    step_seconds: float = 0.2  # 100 s of compute per round
-    aggregate_seconds: float = 0.0
-    payload_bytes: int = 32 * 1024
-    state_bytes: int = 4096
-    round_deadline_s: int = 600
-    join_window: float = 5.0
-    slow: int = 0
-    slow_factor: float = 1.5
-    byzantine: int = 0
-    withholding: int = 0  # members that commit and never serve a payload (netsim/adversaries.py)
-    restarters: int = 0  # honest members killed right after a commit and restarted on their data dir
-    sybils: int = 0  # extra keys that join and attest a bogus checkpoint for every round
-    bombers: int = 0  # extra keys that join and commit a payload bomb every round
-    spammers: int = 0  # extra keys that join and gossip ops past every limit of the run, every round
-    churn: int = 0
-    churn_round: int = 2
-    churn_every: int = 0  # rounds between churn waves after the first (0: one wave)
-    delayed_updates: bool = False  # one-round-delayed outer updates: round r+1 trains while round r is exchanged
-    run_timeout: float = 3600.0  # virtual seconds after the last join
+    rounds: int = option(3, "training rounds to run")
+    uplink: float = option(100 * MEGABIT, "every node's upload capacity, bytes per second (100 Mbit/s)")
+    downlink: float = option(100 * MEGABIT, "every node's download capacity, bytes per second (100 Mbit/s)")
+    latency: float = option(0.05, "one-way delay of every node's link, seconds")
+    buffer: int = option(4 * 1024 * 1024, "bytes in flight per connection (a grown TCP window)")
+    inner_steps: int = option(500, "training steps each node takes per round (H)")
+    step_seconds: float = option(0.2, "virtual seconds one step costs (500 x 0.2: 100 s of compute per round)")
+    aggregate_seconds: float = option(0.0, "virtual seconds combining the round's payloads costs")
+    payload_bytes: int = option(32 * 1024, "bytes of a node's per-round update (an int8 update of a model with "
+                                           "this many parameters)")
+    state_bytes: int = option(4096, "bytes of the shared model state a node downloads to catch up")
+    round_deadline_s: int = option(600, "the run's round deadline, seconds")
+    join_window: float = option(5.0, "virtual seconds over which the nodes join, at random times")
+    slow: int = option(0, "nodes whose steps take `slow_factor` times longer")
+    slow_factor: float = option(1.5, "how much slower the slow nodes train")
+    byzantine: int = option(0, "hostile members whose updates are junk")
+    withholding: int = option(0, "hostile members that commit to an update and never serve it")
+    restarters: int = option(0, "honest members killed right after a commit and restarted on their data")
+    sybils: int = option(0, "extra hostile keys that join and vouch for a bogus checkpoint every round")
+    bombers: int = option(0, "extra hostile keys that join and commit an oversized update every round")
+    spammers: int = option(0, "extra hostile keys that join and flood the run's state past every limit")
+    churn: int = option(0, "nodes that crash during round `churn_round`, replaced by as many new ones")
+    churn_round: int = option(2, "the round of the first churn wave")
+    churn_every: int = option(0, "rounds between churn waves after the first (0: one wave)")
+    delayed_updates: bool = option(False, "one-round-delayed outer updates: round r+1 trains while round r is "
+                                          "exchanged")
+    run_timeout: float = option(3600.0, "virtual seconds after the last join before the run is stopped")
 
-
-HOSTILE = frozenset({"byzantine", "withholding"})
 
 # A simulated node's pieces in the daemon's service assembly: store work inline (a worker thread's
 # real duration would let virtual time run ahead), no data plane (the simulated network carries
 # libp2p connections only), no ping or NAT traversal. A member adds its participant and compute.
-SIMULATED = Pieces(offload=run_inline, dataplane=False, network=False)
+SIMULATED = Pieces(offload=run_inline, dataplane=False, network=False, wall_clock=clock.wall)
 
 
 @dataclass
@@ -146,7 +146,7 @@ class _Intruder:
     services: NodeServices  # no round service
 
 
-class _Run:
+class _Run(TrainReporting):
     """The state of one `train` run."""
 
     def __init__(self, sim: Simulation, config: Config, directory: Path, progress: Progress) -> None:
@@ -338,140 +338,6 @@ class _Run:
         """Whether `member`'s history has `round_number` (written once its next evaluation ran)."""
         participation = member.participation(self.run_id)
         return participation is not None and any(r.round == round_number for r in participation.history)
-
-    # --- reporting ------------------------------------------------------------------------------
-
-    def _records(self, round_number: int) -> list:
-        records = []
-        for member in self.members:
-            participation = member.participation(self.run_id)
-            if participation is not None:
-                records += [r for r in participation.history if r.round == round_number]
-        return records
-
-    def final_hashes(self) -> dict[str, str]:
-        """The state hash each live node holds at the end."""
-        hashes = {}
-        for member in self.members:
-            participation = member.participation(self.run_id)
-            if not member.crashed and participation is not None:
-                hashes[member.name] = (participation.machine.state_hash or b"").hex()
-        return hashes
-
-    def report(self) -> dict:
-        return {
-            "scenario": "train",
-            "config": asdict(self.config),
-            "summary": self._summary(),
-            "tables": [self._round_table(), self._node_table(), self._contribution_table()],
-        }
-
-    def _shares(self) -> list[float]:
-        return [share for member in self.members if (share := self._share(member)) is not None]
-
-    def _share(self, member: _Member) -> float | None:
-        """Training that went into the payloads the node committed in rounds 1..`rounds`, over the
-        virtual seconds from its first training to the last round. Training thrown away before its
-        commit (stopped for a replay or a sync; with delayed updates, a round trained ahead whose
-        base was lost) is not counted, nor the next round trained ahead when the last one ends."""
-        participation = member.participation(self.run_id)
-        if (member.crashed or participation is None or self.config.rounds not in member.done_at
-                or member.compute.first_train_at is None):
-            return None
-        start, end = member.compute.first_train_at, member.done_at[self.config.rounds]
-        used = sum(record.train_seconds or 0.0 for record in participation.history
-                   if record.round <= self.config.rounds)
-        return used / (end - start) if end > start else None
-
-    def _summary(self) -> dict:
-        config = self.config
-        shares = self._shares()
-        hashes = self.final_hashes()
-        honest_hashes = {h for m in self.members if m.kind not in HOSTILE and (h := hashes.get(m.name))}
-        return {
-            "seed": self.sim.seed,
-            "nodes": config.nodes,
-            "link": f"{config.uplink / MEGABIT:g} Mbit/s up, {config.downlink / MEGABIT:g} down, {config.latency * 1000:g} ms one way",
-            "stands for": (f"a model of {config.payload_bytes} parameters (int8 payload of {config.payload_bytes} bytes), "
-                           f"{config.inner_steps} inner steps of {config.step_seconds:g} s per round"),
-            "nodes that reached the last round": sum(1 for m in self.members if config.rounds in m.done_at),
-            "live nodes holding the same state": len(hashes) if len(honest_hashes) == 1 else 0,
-            "compute share min": _rounded(min(shares, default=None)),
-            "compute share p50": _rounded(percentile(shares, 50)),
-            "target": "compute share >= 0.95" if config.delayed_updates else "compute share >= 0.9",
-            "virtual seconds": round(trio.current_time() - self.started, 3),
-        }
-
-    def _round_table(self) -> dict:
-        rows, previous = [], None
-        for r in range(1, self.config.rounds + 1):
-            times = [m.done_at[r] - self.started for m in self.members if r in m.done_at]
-            records = self._records(r)
-            contributors = Counter(record.contributors for record in records if not record.synced).most_common(1)
-            first = min(times, default=None)
-            rows.append([
-                r, _rounded(first), _rounded(max(times, default=None)),
-                _rounded(None if first is None or previous is None else first - previous),
-                contributors[0][0] if contributors else None, sum(1 for record in records if record.synced), len(times),
-            ])
-            previous = first
-        return table(
-            "Rounds",
-            ["round", "certified at s", "last node at s", "round time s", "contributors", "splits (synced)", "nodes done"],
-            rows,
-            note="Virtual seconds from the run's creation until the first (last) node held the round's certified state. "
-                 "Splits: nodes that finished the round by syncing to the certified state.",
-        )
-
-    def _node_table(self) -> dict:
-        rows = []
-        for member in self.members:
-            share = self._share(member)
-            synced = sum(1 for r in (member.participation(self.run_id) or _Empty()).history if r.synced)
-            rows.append([member.name, member.kind, "crashed" if member.crashed else "up", len(member.done_at), synced,
-                         round(member.compute.seconds_between(0.0, trio.current_time()), 3), _rounded(share),
-                         round(self._held_bytes(member) / 1024, 1)])
-        return table(
-            "Nodes",
-            ["node", "kind", "end", "rounds done", "synced", "compute s", "compute share", "held KiB"],
-            rows,
-            note="Compute s: all modelled training, thrown-away rounds included. Compute share: the training "
-                 "of the payloads the node committed in the run's rounds over the virtual seconds from its "
-                 "first training to the last round. Held: what the node keeps of the run that peers sent or "
-                 "made it keep (CRDT ops applied and waiting, checkpoint store files, payloads held in memory).",
-        )
-
-    def _contribution_table(self) -> dict:
-        """Per node (intruders too), how many certified rounds' certified sets held its payload, in the run state of
-        the first live honest member (certificates are the same on every honest peer)."""
-        keeper = next((p for m in self.members if not m.crashed and m.kind not in HOSTILE
-                       and (p := m.participation(self.run_id)) is not None), None)
-        state = None if keeper is None else keeper.replica.state
-        counts = {} if state is None else accepted_counts(state, last=state.round)
-        everyone = [(m.name, m.kind, m.node.identity.public_key) for m in self.members]
-        everyone += [(x.node.name, x.kind, x.node.identity.public_key) for x in self.intruders]
-        return table(
-            "Contributions",
-            ["node", "kind", "in certified set"],
-            [[name, kind, counts.get(key, 0)] for name, kind, key in everyone],
-            note=f"Certified rounds (of {0 if state is None else state.round}) whose certified set holds the node's "
-                 "payload: the set the round agreed to aggregate, before the aggregation leaves out invalid payloads.",
-        )
-
-    def _held_bytes(self, member: _Member) -> int:
-        replica = member.services.crdt.replicas.get(self.run_id)
-        ops = 0 if replica is None else sum(len(replica.get(op) or b"") for op in replica.op_ids()) + replica.pending.bytes
-        checkpoints = member.services.checkpoints
-        files = sum(path.stat().st_size for path in checkpoints.directory.rglob("*") if path.is_file())
-        return ops + files + checkpoints.held.bytes_held
-
-
-class _Empty:
-    history: tuple = ()
-
-
-def _rounded(value: float | None) -> float | None:
-    return None if value is None else round(value, 4)
 
 
 def run(*, nodes: int = 32, seed: int = 0, progress: Progress = lambda line: None, **options: object) -> dict:

@@ -7,7 +7,11 @@ Modules, one job each:
   `replay` holds its handlers for replaying a round certified without us, `state` what it records,
   `orders` who proposes, stewards and (sharded exchange) sits on which committee;
 * `work`: what a peer keeps about the round it works on and the rounds it finished;
+* `history`: the finished rounds kept in the data dir (they outlive `run leave` and a restart);
+* `status`: what the round under way waits for and on whom, and the members by peer ID;
 * `participation`: the trio layer that carries out the machine's actions for one run;
 * `service`: `run.join` / `run.leave` / `run.status`, one participation per joined run;
+  `meeting` finds and connects a run's participants as a node joins, `pauses` remembers
+  `run pause` (a paused participation sits rounds out and keeps its state current);
 * `audit`: `locomesh run audit`: replay certified rounds from the record and check each certificate.
 """

@@ -43,6 +43,8 @@ class Observation:
     contributors: frozenset[Author] | None = None  # who may commit (None: the electorate)
     attempt: int = 0  # the current attempt of round certified + 1 (crdt/electorate.py)
     seed: bytes = b""  # randomness no key could know when it was made: the certified hash, or the run ID
+    member: bool = True  # our newest join/leave is a join (a leave while sitting out turns it off)
+    sit_out: bool = False  # this node contributes to no round for now (paused, or outside its schedule)
 
     @property
     def able(self) -> frozenset[Author]:
@@ -158,7 +160,16 @@ class Discard:
 
 @dataclass(frozen=True)
 class PublishJoin:
-    """Join the run again, from `round`: our membership lapsed (we only synced for a while)."""
+    """Join the run again, from `round`: our membership lapsed (we only synced for a while), or we
+    sat rounds out and take part again."""
+
+    round: int
+
+
+@dataclass(frozen=True)
+class PublishLeave:
+    """Leave the contributors after certified round `round` to sit rounds out: nobody waits for our
+    payload or our vote meanwhile; we keep syncing, and `PublishJoin` when we take part again."""
 
     round: int
 
@@ -175,5 +186,5 @@ class RoundDone:
 
 Action = Union[
     StartTraining, PublishCommit, Fetch, PublishProposal, StartAggregate, PublishVote, PublishTimeout, StartSync,
-    StopTraining, Discard, PublishJoin, RoundDone,
+    StopTraining, Discard, PublishJoin, PublishLeave, RoundDone,
 ]

@@ -82,7 +82,7 @@ from locomesh.node.rounds.state import MIN_COLLECT_SECONDS, RoundState, Timing  
 from locomesh.node.rounds.orders import first_round_to_join, proposer_order, state_stewards  # noqa: F401 - re-exported
 from locomesh.node.rounds.events import (  # noqa: F401 - re-exported: callers import the vocabulary from here too
     Action, Aggregated, Author, Discard, Event, Fetch, Fetched, Observation, PayloadId, Phase, PublishCommit,
-    PublishJoin, PublishProposal, PublishTimeout, PublishVote, RoundDone, StartAggregate, StartSync, StartTraining,
+    PublishJoin, PublishLeave, PublishProposal, PublishTimeout, PublishVote, RoundDone, StartAggregate, StartSync, StartTraining,
     StopTraining, Synced, Trained,
 )
 
@@ -117,6 +117,7 @@ class RoundMachine(Replaying):
         self.awaiting_retry = False  # a sync failed; StartSync again at retry_at
         self.last: Observation | None = None
         self.rejoined_at: int | None = None  # the certified round when our membership lapsed and we joined again
+        self.left_at: int | None = None  # the certified round after which we left to sit rounds out
 
     def handle(self, event: Event) -> list[Action]:
         """Feed one event; the actions to carry out, in order. `ImpossibleEvent` for a completion
@@ -176,6 +177,8 @@ class RoundMachine(Replaying):
         next_round = self.state_round + 1
         if seen.certified != self.state_round:
             return []
+        if seen.sit_out:
+            return self._sit_out(seen)
         if self.me not in seen.able:
             return self._rejoin(seen)  # else not eligible yet: a late joiner waits for the round its join names
         if len(seen.able) < self.timing.min_peers:
@@ -186,11 +189,21 @@ class RoundMachine(Replaying):
 
     def _rejoin(self, seen: Observation) -> list[Action]:
         """Join again if our membership lapsed (we only synced for a while: the run's rules left us
-        out of the electorate), once per certified round: our replica has the join at once."""
-        if not seen.lapsed or self.rejoined_at == seen.certified:
+        out of the electorate) or we left to sit rounds out, once per certified round: our replica
+        has the join at once."""
+        if (seen.member and not seen.lapsed) or self.rejoined_at == seen.certified:
             return []
-        self.rejoined_at = seen.certified
+        self.rejoined_at, self.left_at = seen.certified, None
         return [PublishJoin(first_round_to_join(seen.certified, under_way=bool(seen.commits)))]
+
+    def _sit_out(self, seen: Observation) -> list[Action]:
+        """Between rounds, while we sit out: leave the contributors once (rounds under way do not
+        wait a window for our payload, nor a deadline for our vote), and train nothing. The state
+        stays current all the same: a certified round past ours is synced (`_follow_certificates`)."""
+        if not seen.member or self.left_at == seen.certified:
+            return []
+        self.left_at = seen.certified
+        return [PublishLeave(seen.certified)]
 
     def _watch_deadline(self, seen: Observation) -> list[Action]:
         """Follow the round's attempts, and say when the current one passed the run's round

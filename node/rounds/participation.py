@@ -58,6 +58,7 @@ logger = logging.getLogger(__name__)
 Compute = Callable[..., Awaitable[Any]]
 
 POLL_SECONDS = 0.2  # the machine sees the time at least this often (and at once after news)
+SCHEDULE_SECONDS = 10.0
 SYNC_TIMEOUT = 300.0
 HISTORY = 100
 
@@ -92,6 +93,9 @@ class RunParticipation:
         self.initial_eval: dict[str, Any] = {}
         self.failure: str | None = None  # set when the participation stopped on an error
         self.banned: str | None = None  # why, once the run banned our key (the participation stopped)
+        self.paused = False  # `run pause`: sit rounds out until `run resume` (the service sets it)
+        self.schedule: Callable[[], str | None] = lambda: None  # why the node's schedule sits rounds out now, or None
+        self._schedule_said: tuple[float, str | None] = (-math.inf, None)  # (when asked, its answer)
         self._compute = trio.Lock()
         self.delayed = participant.settings.delayed_updates
         self._training = trio.Lock() if self.delayed else self._compute  # see the module docstring
@@ -174,7 +178,21 @@ class RunParticipation:
             contributors=frozenset(self.replica.contributors(next_round)),
             attempt=len(attempts) - 1,
             seed=self.states.seed(next_round),
+            member=self.me in state.members,
+            sit_out=self.sitting_out() is not None,
         )
+
+    def sitting_out(self) -> str | None:
+        """Why this node contributes to no round now (paused, or its schedule says so), or None. The
+        schedule is asked at most every SCHEDULE_SECONDS: its probes (power, load) are not free."""
+        if self.paused:
+            return "paused (locomesh run resume starts it again)"
+        asked_at, reason = self._schedule_said
+        now = trio.current_time()
+        if now - asked_at >= SCHEDULE_SECONDS:
+            reason = self.schedule()
+            self._schedule_said = (now, reason)
+        return reason
 
     def _connected(self, author: bytes) -> bool:
         return self._peer_id(author) in self.node.peers
@@ -192,7 +210,8 @@ class RunParticipation:
                 "contributors": None if self.work is None else len(self.work.payloads),
             },
             "run_id": short_run_id(self.run_id),
-            "phase": "failed" if self.failure else "banned" if self.banned else self.machine.phase.value,
+            "phase": self.status_phase(),
+            "sitting_out": self.sitting_out(),
             "attempt": len(self.replica.attempts(next_round)) - 1,
             "waiting": self._waiting(),
             "error": self.failure,
@@ -214,8 +233,19 @@ class RunParticipation:
             "data": None if self.data is None else self.data.status(),
         }
 
+    def status_phase(self) -> str:
+        """The machine's phase, or what stopped the participation, or that it sits rounds out."""
+        if self.failure or self.banned:
+            return "failed" if self.failure else "banned"
+        if self.machine.phase is rm.Phase.IDLE and self.sitting_out() is not None:
+            return "paused" if self.paused else "sitting out"
+        return self.machine.phase.value
+
     def _waiting(self) -> dict[str, Any]:
         """What the round waits for, and on whom (peer IDs)."""
+        reason = self.sitting_out()
+        if reason is not None and self.machine.phase is rm.Phase.IDLE:
+            return {"for": f"nothing: this node sits rounds out, {reason}", "on": []}
         state = self.replica.state
         what, on = waiting_on(self.machine, frozenset(self.replica.votes(state.round + 1)))
         return {"for": what, "on": sorted(self._peer_id(author) for author in on)}
@@ -273,8 +303,13 @@ class RunParticipation:
                         self.work.cancel()
                     self._cancel_ahead()
                 case rm.PublishJoin(round=r):
-                    logger.info("our membership lapsed (no commit or vote for a while); joining again from round %d", r)
+                    logger.info("run %s: joining the contributors again from round %d", short_run_id(self.run_id), r)
                     self.crdt.write(self.run_id, "join", round=r)
+                case rm.PublishLeave(round=r):
+                    logger.info("run %s: sitting rounds out after round %d: %s", short_run_id(self.run_id), r,
+                                self.sitting_out())
+                    self._cancel_ahead()
+                    self.crdt.write(self.run_id, "leave", round=r)
                 case rm.RoundDone(round=r, synced=synced):
                     self._start([], self._record, action, self.work)
                     work = self.work

@@ -5,11 +5,14 @@ service, whose parts it uses. RPC methods:
 
     run.join(run_id) -> {"run_id", "joins_at"}
     run.leave(run_id) -> {"run_id", "last_round"}
-    run.status(run_id) -> phase, rounds, members, and the history of finished rounds
+    run.pause(run_id) -> {"run_id", "paused", "after_round"}: sit rounds out, keep the state current (pauses.py)
+    run.resume(run_id) -> {"run_id", "paused"}: contribute again from the next round
+    run.status(run_id) -> phase, what the round waits for, members (by peer ID: member_peers), and the
+        finished rounds, kept in the data dir (history.py): for a run left, phase "left" and those rounds
     run.export(run_id, directory) -> {"round", "files"}: the certified model, as files other tools load
 
 Joining finds the run (locally or in the DHT), announces this node as a participant in the DHT,
-connects to the run's other participants, pulls their CRDT state (with our own ops: the run's op
+connects to the run's other participants and pulls their CRDT state (`meeting.py`; with our own ops: the run's op
 log on disk already gave them back after a restart, node/replication/op_log.py), and writes a `join` op naming
 the first round this node trains in: the next one, or the one after it when a round is already
 under way (a late joiner enters at a round boundary and never enlarges the electorate of a round
@@ -19,24 +22,28 @@ state, then trains. Runs joined before a restart are taken up again when the nod
 A key the run has banned (it equivocated: crdt/view.py) takes no further part: `run.join` fails
 with `BANNED`, and a participation whose key is banned stops (phase "banned" in `run.status`,
 which says why); a run taken up again at start shows the same.
+
+A run whose footprint here (`locomesh.training.footprint`) exceeds the node's ``memory_limit`` or
+the memory available is refused before anything is built: `run.join` fails with NOT_ENOUGH_MEMORY
+(node/doctor/memory.py), saying how much it needs and how much there is.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib
 import logging
 import os
+from datetime import datetime
 from pathlib import Path
 from collections.abc import Iterable
 from typing import Any
 
 import trio
-from multiaddr import Multiaddr
 
 from locomesh.crdt import Replica
-from locomesh.dht import records
 from locomesh.dht.discovery import DiscoveryError
-from locomesh.protocol import ProtocolError
+from locomesh.protocol import ProtocolError, peer_id_from_public_key
 from locomesh.protocol.runs import format_run_id, load_manifest, parse_run_id, short_run_id
 from locomesh.training.contract import ParticipantFactory, RoundParticipant
 from locomesh.training.run_settings import ParticipantError, RoundSettings
@@ -47,9 +54,14 @@ from locomesh.node.transfer.service import CheckpointService
 from locomesh.node.replication.service import CrdtService
 from locomesh.node.rpc.dispatch import RpcError
 from locomesh.node.rounds.machine import Timing, first_round_to_join
-from locomesh.node.rounds.participation import Compute, RunParticipation
+from locomesh.node.rounds.meeting import meet_participants
+from locomesh.node.rounds.history import RoundHistory, clear_left, left_after, mark_left, read_history
+from locomesh.node.rounds.participation import HISTORY, Compute, RunParticipation
+from locomesh.node.rounds.status import members_by_peer_id
+from locomesh.node.rounds.pauses import PausedRuns
 from locomesh.node.runs.registry import BAD_RUN, RUN_NOT_FOUND, RunRegistryService
-from locomesh.node.runtime import DialError, Node
+from locomesh.node.runtime import Node
+from locomesh.node.schedule import TrainingSchedule
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +69,6 @@ NOT_JOINED = -32005
 DATA_UNAVAILABLE = -32008  # the run's dataset or initial weights could not be fetched
 BANNED = -32007
 NO_DEVICE = -32009  # this machine lacks the devices the node's config names, or they failed to start
-CONNECT_TIMEOUT = 10.0
 
 
 class RoundService:
@@ -75,6 +86,9 @@ class RoundService:
         archive: bool = False,
         device: str = "cpu",
         local_workers: int = 1,
+        memory_limit: int = 0,
+        train_threads: int = 0,
+        schedule: TrainingSchedule | None = None,
         participant_factory: ParticipantFactory | None = None,
         compute: Compute = trio.to_thread.run_sync,
         offload: Offload = trio.to_thread.run_sync,
@@ -83,11 +97,16 @@ class RoundService:
         simulator, which models training time instead of spending it, as does `offload` (how blocking
         store work runs); the daemon uses the defaults (`training.participant.Participant.for_run`,
         worker threads). `archive`: keep every payload of every round in the store (`payloads`).
-        `device`, `local_workers`: where the default factory's participants train (node/config.py)."""
+        `device`, `local_workers`: where the default factory's participants train (node/config.py),
+        `train_threads` with how many CPU threads (0: torch's default). `schedule`: when this node
+        trains (`locomesh.node.schedule`; None: at any time)."""
         self.registry = registry
         self.archive = archive
         self.device = device
         self.local_workers = local_workers
+        self.memory_limit = memory_limit  # bytes training may use (0: what is available): `_refuse_if_too_big`
+        self.train_threads = train_threads
+        self.schedule = schedule
         self.participant_factory = participant_factory
         self.compute = compute
         self.offload = offload
@@ -95,15 +114,21 @@ class RoundService:
         self.checkpoints = checkpoints
         self.attack = attack or None
         self.participations: dict[bytes, tuple[RunParticipation, trio.CancelScope]] = {}
+        self.paused: PausedRuns | None = None  # the data dir's, once running
+        self._left: dict[bytes, tuple[int, RoundHistory]] = {}  # runs left since start: last round, rounds done
         self._node: Node | None = None
         self._nursery: trio.Nursery | None = None
 
     async def run(self, node: Node, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         self._node = node
+        self.paused = PausedRuns(self.registry.store.root.parent)
         for name, method in (("run.join", self._rpc_join), ("run.leave", self._rpc_leave), ("run.status", self._rpc_status),
-                             ("run.export", self._rpc_export)):
+                             ("run.export", self._rpc_export), ("run.pause", self._rpc_pause),
+                             ("run.resume", self._rpc_resume)):
             node.rpc.register(name, method)
         node.add_status_field("training", self._summary)
+        if self.schedule is not None:
+            node.add_status_field("schedule", self.schedule.describe)
         relay = next((service for service in node.services if service.name == "relay"), None)
         if relay is not None:
             relay.keep_linked(self._member_peers)  # a dropped link to a fellow member comes back by itself
@@ -121,7 +146,7 @@ class RoundService:
         """Take part in the run of this signed manifest (idempotent); the round this node trains first.
         `RpcError` `BANNED` if the run banned our key, unless `resuming` (at start: the participation
         is set up to show why, and stops at once)."""
-        factory = self.participant_factory or self._default_factory()
+        factory = self.participant_factory or await self._default_factory()
         assert self._node is not None and self._nursery is not None
         body = load_manifest(manifest)[1].body
         timing = _timing(body["hparams"])  # before anything is stored or announced
@@ -130,6 +155,7 @@ class RoundService:
             self._refuse_if_banned(replica.run_id)
         if replica.run_id in self.participations:
             return self.participations[replica.run_id][0].machine.state_round + 1
+        await self._refuse_if_too_big(body, replica)
         participant = await self._make_participant(factory, body)
         try:
             return await self._start(manifest, body, replica, participant, timing, resuming=resuming)
@@ -146,26 +172,40 @@ class RoundService:
             return self.participations[replica.run_id][0].machine.state_round + 1
         data = await self._prepare_data(participant, body)
         self.registry.store.add(manifest, "joined")
-        await self._meet_participants(replica.run_id)
+        assert self.registry.discovery is not None
+        await meet_participants(self._node, self.registry.discovery, self.crdt, replica.run_id, self._nursery)
         if not resuming:
             self._refuse_if_banned(replica.run_id)  # what the participants told us counts too
-        first = self._write_join(replica)
+        history = await self._open_history(replica.run_id)
+        if replica.run_id in self.participations:  # joined while we awaited (a `run join` asked again): one machine
+            await self._close(participant)  # per run, or two would take part under one key
+            return self.participations[replica.run_id][0].machine.state_round + 1
+        first = self._write_join(replica, timing)
         participation = RunParticipation(
             self._node, self.crdt, replica, participant, self.checkpoints.directory, self.checkpoints.scores,
             timing=timing, compute=self.compute, offload=self.offload, held=self.checkpoints.held,
             archive=self.archive, data=data,
         )
+        participation.paused = replica.run_id in self.paused
+        schedule = self.schedule
+        if schedule is not None and not schedule.always:
+            participation.schedule = lambda: schedule.reason_to_sit_out(datetime.now())  # local time, as configured
+        participation.history = history
         scope = trio.CancelScope()
         self.participations[replica.run_id] = (participation, scope)
         self._nursery.start_soon(self._participate, participation, scope)
         logger.info("joined run %s; training from round %d", short_run_id(replica.run_id), first)
         return first
 
-    def _default_factory(self) -> ParticipantFactory:
-        """The daemon's participants: `Participant.for_run` on this node's devices."""
-        from locomesh.training.participant import Participant  # torch: on first join only
+    async def _default_factory(self) -> ParticipantFactory:
+        """The daemon's participants: `Participant.for_run` on this node's devices. Its module loads
+        torch (on the first join only), which takes seconds: in a thread, or the node would answer
+        no peer meanwhile."""
+        module = await trio.to_thread.run_sync(importlib.import_module, "locomesh.training.participant")
+        Participant = module.Participant
 
-        return functools.partial(Participant.for_run, device=self.device, local_workers=self.local_workers)
+        return functools.partial(Participant.for_run, device=self.device, local_workers=self.local_workers,
+                                 train_threads=self.train_threads)
 
     async def _make_participant(self, factory: ParticipantFactory, body: dict[str, Any]) -> RoundParticipant:
         """The participant for the run of manifest body `body`; `RpcError` if the run's settings or
@@ -183,6 +223,22 @@ class RoundService:
             raise RpcError(NO_DEVICE, f"cannot train here on device {self.device!r}: {error}") from None
         except DataParallelError as error:
             raise RpcError(NO_DEVICE, f"cannot train here: the data-parallel group did not start: {error}") from None
+
+    async def _refuse_if_too_big(self, body: dict[str, Any], replica: Replica) -> None:
+        """`RpcError` NOT_ENOUGH_MEMORY, saying how much is needed and how much there is, if the run's
+        footprint here exceeds `memory_limit` or the memory available. Only for the daemon's own
+        participants: an injected one (the simulator's) models its training and allocates nothing."""
+        if self.participant_factory is not None:
+            return
+        from locomesh.node.doctor.memory import NOT_ENOUGH_MEMORY, check_memory  # torch: on first join only
+
+        contributors = len(set(replica.state.members) | {self._node.identity.public_key})
+        try:
+            verdict = await self.offload(check_memory, body, contributors, self.memory_limit)
+        except ParticipantError as error:
+            raise RpcError(BAD_RUN, f"cannot train this run here: {error}") from None
+        if not verdict.fits:
+            raise RpcError(NOT_ENOUGH_MEMORY, f"cannot train this run here: {verdict.message()}", verdict.as_dict())
 
     async def _close(self, participant: RoundParticipant) -> None:
         """Release what `participant` holds (a data-parallel group's processes), even while cancelled."""
@@ -205,12 +261,22 @@ class RoundService:
         return RunData(fetcher, participant.data_needs().dataset, index, seed=body["seed"], me=self._node.identity.public_key,
                        tokens_per_round=participant.data_needs().tokens_per_round)
 
-    def _write_join(self, replica: Replica) -> int:
-        """Write our join op unless we are a member already (or banned); the first round we train."""
+    def _write_join(self, replica: Replica, timing: Timing) -> int:
+        """Write our join op unless we are a member already (or banned); the first round we train.
+        A round its contributors already train (enough of them to start it, or commits out) is not
+        joined: we would start it late, commit after its cutoff and be left out (peers that join
+        together, the creator first, would waste their first round and hold it up). The next one is.
+        Contributors we hold no connection to do not count: a run whose members are all gone must
+        stay joinable at its next round, or nobody would ever train it again."""
         state = replica.state
         if self._node.identity.public_key in state.members or self.crdt.ban_reason(replica.run_id) is not None:
             return state.round + 1
-        first = first_round_to_join(state.round, under_way=bool(replica.commits(state.round + 1)))
+        next_round = state.round + 1
+        me = self._node.identity.public_key
+        reachable = [key for key in replica.contributors(next_round) if key != me and
+                     peer_id_from_public_key(key) in self._node.peers]  # one we cannot reach is not training
+        training = len(reachable) >= timing.min_peers
+        first = first_round_to_join(state.round, under_way=training or bool(replica.commits(next_round)))
         if self.crdt.write(replica.run_id, "join", round=first) is None:  # the run's limits: logged
             raise RpcError(-32000, "the run refused our join op now (see the node's log); try again later")
         return first
@@ -226,6 +292,7 @@ class RoundService:
         if run_id not in self.participations:
             raise RpcError(NOT_JOINED, f"this node has not joined run {short_run_id(run_id)}")
         participation, scope = self.participations.pop(run_id)
+        self.paused.resume(run_id)  # a pause ends with the participation
         machine = participation.machine
         committed = machine.phase.value in ("collect", "aggregate", "voted")
         # Never below the certified round: a node still syncing has a state far behind it, and
@@ -233,7 +300,23 @@ class RoundService:
         last = max(machine.state_round + (1 if committed else 0), participation.replica.state.round)
         self.crdt.write(run_id, "leave", round=last)
         scope.cancel()
+        self._left[run_id] = (last, participation.history)
+        try:
+            await self.offload(mark_left, self._data_dir, run_id, last)
+        except OSError as error:  # the leave op is written: only a restart would take the run up again
+            logger.warning("could not mark run %s as left: %s", short_run_id(run_id), error)
         return last
+
+    @property
+    def _data_dir(self) -> Path:
+        return self.registry.store.root.parent
+
+    async def _open_history(self, run_id: bytes) -> RoundHistory:
+        """The rounds this node finished in `run_id` before (`history.py`: they outlive a leave and a
+        restart), now that it takes part again; it is no longer marked as left."""
+        self._left.pop(run_id, None)
+        await self.offload(clear_left, self._data_dir, run_id)
+        return await self.offload(functools.partial(RoundHistory.load, self._data_dir, run_id, maxlen=HISTORY))
 
     async def _participate(self, participation: RunParticipation, scope: trio.CancelScope) -> None:
         """Run one participation; a failure in it stops that run here, never the node."""
@@ -248,62 +331,12 @@ class RoundService:
             await self._close(participation.participant)
 
     async def _resume(self, manifest: bytes) -> None:
+        if await self.offload(left_after, self._data_dir, load_manifest(manifest)[0]) is not None:
+            return  # the owner left it (`run leave`): only `run join` takes it up again
         try:
             await self.join(manifest, resuming=True)
         except (RpcError, ProtocolError) as error:
             logger.warning("could not take up a joined run again: %s", error)
-
-    async def _meet_participants(self, run_id: bytes) -> None:
-        """Announce ourselves as a participant, connect to the others, and pull their CRDT state,
-        so that our join op builds on the run as it is (a stale view could fork our own ops)."""
-        discovery = self.registry.discovery
-        assert discovery is not None and self._node is not None
-        key = records.run_key(run_id)
-        with trio.move_on_after(CONNECT_TIMEOUT):
-            try:
-                found = await discovery.find_providers(key)
-            except DiscoveryError as error:
-                logger.info("no participants found for %s: %s", short_run_id(run_id), error)
-                found = []
-            async with trio.open_nursery() as nursery:
-                for info in found:
-                    if str(info.peer_id) != self._node.peer_id:
-                        nursery.start_soon(self._connect_quietly, info)
-        self._nursery.start_soon(discovery.provide, key)
-        with trio.move_on_after(CONNECT_TIMEOUT):
-            async with trio.open_nursery() as nursery:
-                for peer in self._node.host.get_connected_peers():
-                    nursery.start_soon(self._pull_quietly, str(peer), run_id)
-
-    async def _connect_quietly(self, info: Any) -> None:
-        """Dial a participant at each address its provider record gave (each exactly: py-libp2p's
-        `host.connect` dials one address per transport class, so a public address after a private
-        one was never tried); if none works, through the relay service with the addresses of its
-        DHT peer record, relayed ones included (a participant behind a NAT has no other)."""
-        self._node.host.get_peerstore().add_addrs(info.peer_id, info.addrs, 3600)  # for later streams
-        peer = str(info.peer_id)
-        given = [text if "/p2p/" in (text := str(address)) else f"{text}/p2p/{peer}" for address in info.addrs]
-        relay = next((service for service in self._node.services if service.name == "relay"), None)
-        try:
-            with trio.fail_after(CONNECT_TIMEOUT):
-                if relay is None:
-                    await self._node.connect_any([Multiaddr(address) for address in given])
-                    return
-                try:
-                    await relay.connect(peer, given)
-                    return
-                except DialError as error:
-                    logger.debug("could not dial participant %s at %s: %s", peer, given, error)
-                kind = await relay.connect(peer, await relay.lookup_addrs(peer))
-                logger.info("reached participant %s through its DHT peer record (%s)", peer, kind)
-        except Exception as error:  # noqa: BLE001 - DialError, RpcError, TooSlowError: it may be gone
-            logger.debug("could not reach participant %s: %s", peer, error)
-
-    async def _pull_quietly(self, peer: str, run_id: bytes) -> None:
-        try:
-            await self.crdt.pull(peer, run_id)
-        except Exception as error:  # noqa: BLE001 - a peer without the run or a broken stream
-            logger.debug("pull of %s from %s failed: %s", short_run_id(run_id), peer, error)
 
     # --- RPC ----------------------------------------------------------------------------------
 
@@ -317,10 +350,60 @@ class RoundService:
         raw_id = _parse(run_id, self._known_ids())
         return {"run_id": format_run_id(raw_id), "last_round": await self.leave(raw_id)}
 
-    async def _rpc_status(self, run_id: str) -> dict[str, Any]:
+    async def _rpc_pause(self, run_id: str) -> dict[str, Any]:
+        """Sit the run's rounds out after the round under way, keeping its state current (pauses.py)."""
         raw_id = _parse(run_id, self._known_ids())
         participation = self._joined(raw_id)
-        return {**participation.status(), "device": participation.participant.device, "run_id": format_run_id(raw_id)}
+        self.paused.pause(raw_id)
+        participation.paused = True
+        machine = participation.machine
+        after = machine.current.number if machine.current is not None else machine.state_round
+        return {"run_id": format_run_id(raw_id), "paused": True, "after_round": after}
+
+    async def _rpc_resume(self, run_id: str) -> dict[str, Any]:
+        """Contribute again, from the next round this node can join, with the state it holds."""
+        raw_id = _parse(run_id, self._known_ids())
+        participation = self._joined(raw_id)
+        self.paused.resume(raw_id)
+        participation.paused = False
+        return {"run_id": format_run_id(raw_id), "paused": False}
+
+    async def _rpc_status(self, run_id: str) -> dict[str, Any]:
+        raw_id = _parse(run_id, self._known_ids())
+        if raw_id not in self.participations:
+            return await self._left_status(raw_id)
+        participation = self._joined(raw_id)
+        status = participation.status()
+        waiting = status.get("waiting") or {}
+        if waiting.get("on"):  # the peers it waits on; not us (our own inner steps say so in words)
+            status["waiting"] = {**waiting, "on": [peer for peer in waiting["on"] if peer != self._node.peer_id]}
+        return {**status, "training": True, "member_peers": self._members(participation.replica),
+                "device": participation.participant.device, "run_id": format_run_id(raw_id)}
+
+    def _members(self, replica: Replica) -> list[dict[str, Any]]:
+        return members_by_peer_id(replica.state.members, self._node.identity.public_key,
+                                  lambda peer: peer in self._node.peers)
+
+    async def _left_status(self, run_id: bytes) -> dict[str, Any]:
+        """`run.status` of a run this node left: the rounds it finished there, kept in the data dir;
+        `RpcError` NOT_JOINED for a run it never trained in."""
+        last, history = self._left.get(run_id, (None, None))
+        if history is None:  # left before this start
+            last = await self.offload(left_after, self._data_dir, run_id)
+            if last is not None:
+                history = await self.offload(read_history, self._data_dir, run_id, HISTORY)
+        if last is None or history is None:
+            raise RpcError(NOT_JOINED, f"this node has not joined run {short_run_id(run_id)}")
+        replica = self.crdt.replicas.get(run_id)  # the run's state, where this node still replicates it
+        state = None if replica is None else replica.state
+        return {
+            "run_id": format_run_id(run_id), "phase": "left", "training": False, "left_after": last,
+            "round": max((record.round for record in history), default=last),
+            "certified": last if state is None else state.round, "members": 0 if state is None else len(state.members),
+            "member_peers": [] if replica is None else self._members(replica),
+            "peers": len(self._node.peers), "waiting": None, "error": None, "banned": False, "ban_reason": None,
+            "history": [record.to_json() for record in history],
+        }
 
     async def _rpc_export(self, run_id: str, directory: str) -> dict[str, Any]:
         """Write the run's certified model into `directory` (an absolute path) as the files of a
@@ -364,7 +447,7 @@ class RoundService:
 
     def _summary(self) -> dict[str, Any]:
         return {
-            short_run_id(run_id): {"phase": "banned" if p.banned else p.machine.phase.value,
+            short_run_id(run_id): {"phase": p.status_phase(), "sitting_out": p.sitting_out(),
                                    "round": p.machine.state_round, "device": p.participant.device}
             for run_id, (p, _scope) in self.participations.items()
         }

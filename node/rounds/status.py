@@ -1,8 +1,12 @@
 """What a round waits for, and on whom: a read-only view of the round machine for `run status`
-(and the warning a node logs when a round passes its deadline)."""
+(and the warning a node logs when a round passes its deadline); and the run's members by peer ID."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from locomesh.protocol import peer_id_from_public_key
 from locomesh.node.rounds.events import Author, Phase
 from locomesh.node.rounds.machine import RoundMachine
 
@@ -33,3 +37,15 @@ def waiting_on(machine: RoundMachine, voted: frozenset[Author] = frozenset()) ->
             return f"votes of more than two thirds of {len(seen.electorate)}", seen.electorate - voted
         case _:
             return "the certified state", frozenset()
+
+
+def members_by_peer_id(members: Iterable[Author], me: Author, connected: Callable[[str], bool]) -> list[dict[str, Any]]:
+    """The run's `members` as `run status` lists them: each one's peer ID (the name every other
+    command and log line uses), its key in hex (what the run state's JSON keys are), whether it is
+    this node, and whether `connected(peer ID)` says this node holds a connection to it; by peer ID."""
+    rows = []
+    for member in members:
+        peer_id = peer_id_from_public_key(member)
+        rows.append({"peer_id": peer_id, "key": member.hex(), "you": member == me,
+                     "connected": member != me and connected(peer_id)})
+    return sorted(rows, key=lambda row: row["peer_id"])

@@ -10,10 +10,13 @@ A node service (see `locomesh.node.service`) that owns the node's `Discovery`
     run.list() -> [run summary]
     run.info(run_id, refresh=False) -> run summary + {"manifest": body, "source": "local" | "dht"}
         (refresh: ask the DHT even for a run this node holds; only another peer's copy counts)
+    run.browse(task=None, limit=50) -> {"runs": [listing], "keepers_found", ...}: the directory
+        of public runs, found without any run ID (node/runs/directory.py)
 
 On start it loads the stored runs, starts the DHT, and, once the routing
 table holds a peer, republishes every public run it created or joined and
-its own peer record.
+its own peer record. Given the node's replicas, it keeps the cards of the
+public runs it is a card keeper of published (node/runs/cards.py).
 """
 
 from __future__ import annotations
@@ -21,11 +24,13 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 import trio
 
+from locomesh.crdt import Replica
 from locomesh.dht.discovery import Discovery, DiscoveryError
 from locomesh.protocol import ProtocolError
 from locomesh.protocol.runs import format_run_id, parse_run_id, short_run_id, sign_manifest
@@ -35,6 +40,8 @@ from locomesh.training.run_settings import RULES, RunSettingsError, check_run_se
 from locomesh.node.datadir import CHECKPOINT_DIR
 from locomesh.node.datasets.creation import check_local_dataset, store_initial_weights
 from locomesh.node.rpc.dispatch import RpcError
+from locomesh.node.runs.cards import CardPublisher, Offload
+from locomesh.node.runs.directory import MAX_LIMIT, browse
 from locomesh.node.runs.store import KnownRun, RunStore
 from locomesh.node.runtime import Node
 
@@ -51,23 +58,35 @@ class RunRegistryService:
 
     name = "runs"
 
-    def __init__(self, data_dir: str | os.PathLike) -> None:
+    def __init__(self, data_dir: str | os.PathLike, *, replicas: Callable[[], Iterable[Replica]] | None = None,
+                 offload: Offload = trio.to_thread.run_sync, clock: Callable[[], float] = time.time) -> None:
+        """`replicas()`: the run replicas the node holds (the CRDT service's), for the cards this
+        node keeps; None: it publishes no cards. `offload` runs a card's footprint (a thread)."""
         self.store = RunStore(data_dir)
         self.checkpoint_dir = Path(data_dir) / CHECKPOINT_DIR  # where `--init` weights are stored
         self.discovery: Discovery | None = None
+        self.cards: CardPublisher | None = None
+        self._replicas = replicas
+        self._offload = offload
+        self._clock = clock  # records' dates: the wall clock (the simulator's virtual one)
         self._node: Node | None = None
 
     async def run(self, node: Node, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         self._node = node
         self.store.load()
-        self.discovery = Discovery(node.host, node.identity, rng=node.rng)
-        for name, method in (("run.create", self._rpc_create), ("run.list", self._rpc_list), ("run.info", self._rpc_info)):
+        self.discovery = Discovery(node.host, node.identity, clock=self._clock, rng=node.rng)
+        for name, method in (("run.create", self._rpc_create), ("run.list", self._rpc_list),
+                             ("run.info", self._rpc_info), ("run.browse", self._rpc_browse)):
             node.rpc.register(name, method)
+        if self._replicas is not None:
+            self.cards = CardPublisher(self.discovery, self._replicas, offload=self._offload)
         node.add_status_field("runs", lambda: [short_run_id(run.run_id) for run in self.store.runs() if run.origin != "seen"])
         node.add_status_field("dht_routing_table", self.discovery.routing_table_size)
         async with trio.open_nursery() as nursery:
             await nursery.start(self.discovery.run)
             nursery.start_soon(self._publish_after_bootstrap)
+            if self.cards is not None:
+                nursery.start_soon(self.cards.run)
             task_status.started()
 
     async def _publish_after_bootstrap(self) -> None:
@@ -158,6 +177,15 @@ class RunRegistryService:
                                               "with --public is published; a private one is found through its members)")
             run, source = self.store.add(found[0], "seen"), "dht"
         return {**summary(run), "source": source, "manifest": _jsonable(run.envelope.body)}
+
+    async def _rpc_browse(self, task: str | None = None, limit: int = 50) -> dict[str, Any]:
+        """The directory of public runs (node/runs/directory.py), of `task` if given."""
+        assert self.discovery is not None
+        if task is not None and (not isinstance(task, str) or not 0 < len(task) <= 128):
+            raise RpcError.invalid_params("task must be a task name")
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 0 < limit <= MAX_LIMIT:
+            raise RpcError.invalid_params(f"limit must be an integer from 1 to {MAX_LIMIT}")
+        return (await browse(self.discovery, task=task, limit=limit)).as_json()
 
 
 def summary(run: KnownRun) -> dict[str, Any]:

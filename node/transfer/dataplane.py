@@ -27,7 +27,10 @@ out the oldest; pending and authenticated sessions are capped per peer and in
 all. Refusals are counted as protocol errors, and a peer whose authenticated
 connection sends an oversized or unopenable frame is struck (`PeerScores`).
 A `SealedStream` has ``read``/``write`` like a libp2p stream, so the
-checkpoint protocol runs over it unchanged.
+checkpoint protocol runs over it unchanged. Its socket is held to the node's
+upload and download caps, the same buckets as its libp2p connections
+(`locomesh.node.bandwidth`): a frame goes out slice by slice, and reads wait
+for their turn (TCP's flow control slows the sender).
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from locomesh.protocol import Envelope, encode
 from locomesh.protocol.kinds import CKPT_DATAPLANE_HELLO, CKPT_DATAPLANE_OFFER, MAX_CKPT_PAYLOAD
 
+from locomesh.node.bandwidth import SLICE, Bandwidth, TokenBucket, slices
 from locomesh.node.transfer.wire import read_signed, remote_peer
 from locomesh.node.transfer.dataplane_crypto import HEADER_SIZE, TAG_SIZE, DataPlaneError, FrameOpener, FrameSealer, SessionKeys, derive_keys, transcript
 from locomesh.node.transfer.dataplane_sessions import (
@@ -51,7 +55,7 @@ from locomesh.node.transfer.dataplane_sessions import (
 )
 from locomesh.node.peer_scores import PeerScores
 from locomesh.node.runtime import Node
-from locomesh.node.streams import close_quietly, error_code, write_frame
+from locomesh.node.streams import NOT_PROTOCOL_ERRORS, close_quietly, error_code, write_frame
 
 logger = logging.getLogger(__name__)
 
@@ -73,16 +77,17 @@ class SealedStream:
     memory, so reads of any size are cheap (`largest_read`): a frame written by
     one ``write`` is read back as that very bytes object, uncopied. A frame
     whose plaintext would be over `max_frame` bytes (see `limit_frames`) is
-    refused from its header, before any of it is buffered.
+    refused from its header, before any of it is buffered. `bandwidth`: the node's caps (none if None).
     """
 
     largest_read = MAX_FRAME
 
     def __init__(
         self, tcp: trio.SocketStream, keys: SessionKeys, *, opener: FrameOpener | None = None,
-        max_frame: int = REQUEST_FRAME,
+        max_frame: int = REQUEST_FRAME, bandwidth: Bandwidth | None = None,
     ) -> None:
         self._tcp = tcp
+        self._bandwidth = bandwidth or Bandwidth()
         self._sealer = FrameSealer(keys.send)
         self._opener = opener or FrameOpener(keys.receive, max_frame=max_frame)
         self._plain, self._offset = b"", 0
@@ -94,8 +99,8 @@ class SealedStream:
 
     async def write(self, data: bytes) -> None:
         header, sealed = self._sealer.seal_parts(data)
-        await self._tcp.send_all(header)
-        await self._tcp.send_all(sealed)
+        await _paced_send(self._tcp, header, self._bandwidth.upload)
+        await _paced_send(self._tcp, sealed, self._bandwidth.upload)
 
     async def read(self, n: int | None = None) -> bytes:
         """Up to `n` plaintext bytes (all buffered ones if None); b"" at a clean end between frames."""
@@ -106,7 +111,7 @@ class SealedStream:
                 continue
             # Never past the frame begun: the opener's buffer then holds one frame and is cleared, not shifted.
             # (`pending_size` refuses a frame over the cap as soon as its header is in.)
-            data = await self._tcp.receive_some(min(self._opener.pending_size(), MAX_RECEIVE))
+            data = await self._paced_receive(min(self._opener.pending_size(), MAX_RECEIVE))
             if not data:
                 if self._opener.pending_size() != HEADER_SIZE:
                     raise DataPlaneError("truncated", "the data plane connection ended inside a frame")
@@ -119,11 +124,32 @@ class SealedStream:
             self._plain, self._offset = b"", 0
         return chunk
 
+    async def _paced_receive(self, size: int) -> bytes:
+        download = self._bandwidth.download
+        if download.capped:
+            await download.wait_ready()
+            size = min(size, SLICE)
+        data = await self._tcp.receive_some(size)
+        download.charge(len(data))
+        return data
+
     async def close(self) -> None:
         with trio.move_on_after(HANDSHAKE_TIMEOUT):
             await self._tcp.aclose()
 
     reset = close
+
+
+async def _paced_send(tcp: trio.SocketStream, data: bytes, upload: TokenBucket) -> None:
+    """`data` on `tcp`, slice by slice at `upload`'s rate (in one piece when it has no cap). A cancel
+    between slices leaves a torn frame: the stream is then reset, never reused (`stream_pool`)."""
+    if not upload.capped:
+        await upload.take(len(data))
+        await tcp.send_all(data)
+        return
+    for piece in slices(data):
+        await upload.take(len(piece))
+        await tcp.send_all(piece)
 
 
 def _public_bytes(private: X25519PrivateKey) -> bytes:
@@ -149,7 +175,7 @@ async def open_sealed_stream(node: Node, peer_id: str, *, host_hint: str | None 
     keys = derive_keys(private, offer.body["key"], salt=salt, initiator=True)
     with trio.fail_after(HANDSHAKE_TIMEOUT):
         tcp = await trio.open_tcp_stream(host, offer.body["port"])
-    sealed = SealedStream(tcp, keys, max_frame=ANSWER_FRAME)
+    sealed = SealedStream(tcp, keys, max_frame=ANSWER_FRAME, bandwidth=node.meter.bandwidth)
     try:
         with trio.fail_after(HANDSHAKE_TIMEOUT):
             await sealed.write(HELLO)
@@ -237,7 +263,8 @@ class DataPlaneServer:
             if claimed is not None:
                 peer_id, keys, opener = claimed
                 try:
-                    await self._serve_session(SealedStream(tcp, keys, opener=opener), peer_id)
+                    sealed = SealedStream(tcp, keys, opener=opener, bandwidth=self._node.meter.bandwidth)
+                    await self._serve_session(sealed, peer_id)
                 finally:
                     self.sessions.end(peer_id)
         except Exception as error:  # noqa: BLE001 - a bad connection must not take the node down
@@ -279,8 +306,9 @@ class DataPlaneServer:
         code = error_code(error)
         if code == "internal":
             logger.error("data plane connection failed", exc_info=error)
-        else:
-            logger.info("data plane connection%s dropped: %s", f" of {peer_id}" if peer_id else "", str(error) or code)
+        else:  # a fetcher that hung up is normal: worth a line only when debugging
+            level = logging.DEBUG if code in NOT_PROTOCOL_ERRORS else logging.INFO
+            logger.log(level, "data plane connection%s dropped: %s", f" of {peer_id}" if peer_id else "", str(error) or code)
         self._node.count_protocol_error(code)
         if peer_id is not None and code in _STRUCK and self.scores is not None:
             self.scores.strike(peer_id, f"data plane: {error}")

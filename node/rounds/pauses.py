@@ -1,0 +1,45 @@
+"""Pausing a run: the service's side of `run.pause` / `run.resume`, and where it is remembered.
+
+A paused participation goes on: it keeps the run's state current (every certified round is synced,
+`machine.RoundMachine._sit_out`), but after the round under way it contributes to none: it leaves
+the contributors, so no round waits for its payload or its vote. Resuming joins them again from
+the next round, from the state it already holds: no checkpoint download.
+
+A pause outlives a restart: it is a marker file per run,
+
+    <data dir>/runs/paused/<run id>
+
+written atomically and removed on resume.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from locomesh.protocol.runs import format_run_id
+
+from locomesh.node.files import atomic_write, fsync_dir
+
+
+class PausedRuns:
+    """The runs this node's owner paused, kept in the data dir."""
+
+    def __init__(self, data_dir: str | os.PathLike) -> None:
+        self.directory = Path(data_dir) / "runs" / "paused"
+
+    def __contains__(self, run_id: bytes) -> bool:
+        return self._marker(run_id).exists()
+
+    def pause(self, run_id: bytes) -> None:
+        atomic_write(self._marker(run_id), b"", mode=0o600)
+
+    def resume(self, run_id: bytes) -> None:
+        try:
+            self._marker(run_id).unlink()
+        except FileNotFoundError:
+            return
+        fsync_dir(self.directory)
+
+    def _marker(self, run_id: bytes) -> Path:
+        return self.directory / format_run_id(run_id)
