@@ -66,7 +66,7 @@ def check_memory(body: Mapping[str, Any], contributors: int, limit: int) -> Memo
     """The memory verdict for the run of genesis manifest body `body` with `contributors` peers
     (blocking: builds the task on the meta device). `ParticipantError` for a run this node cannot
     train at all."""
-    from locomesh.training.footprint import run_footprint  # torch
+    from locomesh.training.footprint import run_footprint  # light: torch loads when it runs
 
     return verdict_for(run_footprint(body, contributors=contributors), limit)
 

@@ -179,7 +179,7 @@ class RunDoctor:
                 nursery.start_soon(measure, member)
 
     async def _memory(self, body: dict[str, Any], contributors: int, report: RunReport) -> Any:
-        from locomesh.training.footprint import run_footprint  # torch
+        from locomesh.training.footprint import run_footprint  # light: torch loads in the thread, when it runs
 
         try:
             footprint = await self.offload(lambda: run_footprint(body, contributors=contributors))

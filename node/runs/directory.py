@@ -1,7 +1,7 @@
 """Browsing the directory of public runs: find the card keepers, read their cards, check, merge, rank.
 
 `browse(discovery)` knows no run ID beforehand. It asks the DHT for the providers of every
-directory key of this epoch and the one before (dht/records.py: `directory_keys`), fetches
+directory key of this epoch (dht/records.py: `directory_keys`), fetches
 those keepers' cards records (each re-validated: signed by the keeper, not expired), and groups
 the cards by run. A card is a claim: the browser fetches each listed run's manifest from the DHT
 (``/locomesh/run/<id>``, bound to its key by hash) and drops the cards whose static fields
