@@ -36,6 +36,7 @@ from locomesh.protocol.runs import run_id, short_run_id, sign_manifest
 from locomesh.training.run_settings import default_hparams
 
 from .. import clock
+from ..offload import run_inline
 from ..links import LinkProfile
 from ..node import SimNode
 from ..report import criterion, glossary, percentile, table, verdict
@@ -85,10 +86,6 @@ class _Browse:
     seconds: float
     requests: int
     keepers_found: int
-
-
-async def _inline(function, *args):  # noqa: ANN001, ANN202 - the simulator computes footprints inline
-    return function(*args)
 
 
 class _Run:
@@ -147,7 +144,7 @@ class _Run:
             await self._start_run(index, members)
         for name in sorted(self.replicas):
             node = self.sim.nodes[name]
-            publisher = CardPublisher(self.discovery[name], lambda name=name: self.replicas[name], offload=_inline,
+            publisher = CardPublisher(self.discovery[name], lambda name=name: self.replicas[name], offload=run_inline,
                                       poll_interval=self.config.poll_interval)
             self.publishers[name] = publisher
             node.nursery.start_soon(self._publish_later, publisher, self.rng.uniform(0, self.config.poll_interval))
