@@ -292,7 +292,6 @@ class RoundService:
         if run_id not in self.participations:
             raise RpcError(NOT_JOINED, f"this node has not joined run {short_run_id(run_id)}")
         participation, scope = self.participations.pop(run_id)
-        self.paused.resume(run_id)  # a pause ends with the participation
         machine = participation.machine
         committed = machine.phase.value in ("collect", "aggregate", "voted")
         # Never below the certified round: a node still syncing has a state far behind it, and
@@ -302,6 +301,7 @@ class RoundService:
         scope.cancel()
         self._left[run_id] = (last, participation.history)
         try:
+            await self.offload(self.paused.resume, run_id)  # a pause ends with the participation
             await self.offload(mark_left, self._data_dir, run_id, last)
         except OSError as error:  # the leave op is written: only a restart would take the run up again
             logger.warning("could not mark run %s as left: %s", short_run_id(run_id), error)
@@ -354,7 +354,7 @@ class RoundService:
         """Sit the run's rounds out after the round under way, keeping its state current (pauses.py)."""
         raw_id = _parse(run_id, self._known_ids())
         participation = self._joined(raw_id)
-        self.paused.pause(raw_id)
+        await self.offload(self.paused.pause, raw_id)  # an fsync'd file: off the event loop
         participation.paused = True
         machine = participation.machine
         after = machine.current.number if machine.current is not None else machine.state_round
@@ -364,7 +364,7 @@ class RoundService:
         """Contribute again, from the next round this node can join, with the state it holds."""
         raw_id = _parse(run_id, self._known_ids())
         participation = self._joined(raw_id)
-        self.paused.resume(raw_id)
+        await self.offload(self.paused.resume, raw_id)
         participation.paused = False
         return {"run_id": format_run_id(raw_id), "paused": False}
 
