@@ -68,3 +68,36 @@ def _remove_if_older(path: Path, older_than: float) -> int:
         return 1
     except FileNotFoundError:
         return 0
+
+
+class Marks:
+    """Small files that outlive a restart, one per name in `directory` (``<name><suffix>``): what a
+    node remembers about a run, such as "paused" or "left after round N". Written atomically and
+    privately; read bounded (a mark holds a few bytes)."""
+
+    MAX_BYTES = 64
+
+    def __init__(self, directory: str | os.PathLike, suffix: str = "") -> None:
+        self.directory = Path(directory)
+        self.suffix = suffix
+
+    def put(self, name: str, data: bytes = b"") -> None:
+        atomic_write(self._path(name), data, mode=0o600)
+
+    def get(self, name: str) -> bytes | None:
+        """The mark's bytes (at most MAX_BYTES), or None if there is none; `OSError` if unreadable."""
+        try:
+            with open(self._path(name), "rb") as file:
+                return file.read(self.MAX_BYTES)
+        except FileNotFoundError:
+            return None
+
+    def remove(self, name: str) -> None:
+        try:
+            self._path(name).unlink()
+        except FileNotFoundError:
+            return
+        fsync_dir(self.directory)
+
+    def _path(self, name: str) -> Path:
+        return self.directory / (name + self.suffix)

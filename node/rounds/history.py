@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import Iterable
 from pathlib import Path
 
-from locomesh.node.files import atomic_write
+from locomesh.node.files import Marks, atomic_write
 from locomesh.node.rounds.work import RoundRecord
 from locomesh.protocol.runs import format_run_id
 
@@ -89,13 +89,13 @@ def read_history(data_dir: str | os.PathLike, run_id: bytes, maxlen: int) -> Rou
 def mark_left(data_dir: str | os.PathLike | None, run_id: bytes, last_round: int) -> None:
     """Remember that this node left `run_id` after `last_round` (a restart does not take it up again)."""
     if data_dir is not None:
-        atomic_write(_folder(data_dir) / (format_run_id(run_id) + LEFT_SUFFIX), b"%d\n" % last_round, mode=0o600)
+        _left_marks(data_dir).put(format_run_id(run_id), b"%d\n" % last_round)
 
 
 def clear_left(data_dir: str | os.PathLike | None, run_id: bytes) -> None:
     """Forget `mark_left` for `run_id` (this node joined it again)."""
     if data_dir is not None:
-        (_folder(data_dir) / (format_run_id(run_id) + LEFT_SUFFIX)).unlink(missing_ok=True)
+        _left_marks(data_dir).remove(format_run_id(run_id))
 
 
 def left_after(data_dir: str | os.PathLike | None, run_id: bytes) -> int | None:
@@ -103,13 +103,15 @@ def left_after(data_dir: str | os.PathLike | None, run_id: bytes) -> int | None:
     if data_dir is None:
         return None
     try:
-        text = (_folder(data_dir) / (format_run_id(run_id) + LEFT_SUFFIX)).read_text(encoding="ascii")[:32]
-        return int(text.strip())
-    except FileNotFoundError:
-        return None
+        mark = _left_marks(data_dir).get(format_run_id(run_id))
+        return None if mark is None else int(mark.decode("ascii").strip())
     except (OSError, ValueError, UnicodeDecodeError) as error:
         logger.warning("unreadable leave mark of run %s: %s", format_run_id(run_id)[:16], error)
         return 0
+
+
+def _left_marks(data_dir: str | os.PathLike) -> Marks:
+    return Marks(_folder(data_dir), LEFT_SUFFIX)
 
 
 def _private(path: str, flags: int) -> int:

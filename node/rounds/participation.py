@@ -248,7 +248,8 @@ class RunParticipation:
             return {"for": f"nothing: this node sits rounds out, {reason}", "on": []}
         state = self.replica.state
         what, on = waiting_on(self.machine, frozenset(self.replica.votes(state.round + 1)))
-        return {"for": what, "on": sorted(self._peer_id(author) for author in on)}
+        # Not us: what we wait on ourselves (our inner steps, our outer step) the words say.
+        return {"for": what, "on": sorted(self._peer_id(author) for author in on if author != self.me)}
 
     def _waiting_text(self) -> str:
         waiting = self._waiting()

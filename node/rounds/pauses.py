@@ -19,27 +19,20 @@ from pathlib import Path
 
 from locomesh.protocol.runs import format_run_id
 
-from locomesh.node.files import atomic_write, fsync_dir
+from locomesh.node.files import Marks
 
 
 class PausedRuns:
     """The runs this node's owner paused, kept in the data dir."""
 
     def __init__(self, data_dir: str | os.PathLike) -> None:
-        self.directory = Path(data_dir) / "runs" / "paused"
+        self._marks = Marks(Path(data_dir) / "runs" / "paused")
 
     def __contains__(self, run_id: bytes) -> bool:
-        return self._marker(run_id).exists()
+        return self._marks.get(format_run_id(run_id)) is not None
 
     def pause(self, run_id: bytes) -> None:
-        atomic_write(self._marker(run_id), b"", mode=0o600)
+        self._marks.put(format_run_id(run_id))
 
     def resume(self, run_id: bytes) -> None:
-        try:
-            self._marker(run_id).unlink()
-        except FileNotFoundError:
-            return
-        fsync_dir(self.directory)
-
-    def _marker(self, run_id: bytes) -> Path:
-        return self.directory / format_run_id(run_id)
+        self._marks.remove(format_run_id(run_id))

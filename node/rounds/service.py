@@ -373,11 +373,7 @@ class RoundService:
         if raw_id not in self.participations:
             return await self._left_status(raw_id)
         participation = self._joined(raw_id)
-        status = participation.status()
-        waiting = status.get("waiting") or {}
-        if waiting.get("on"):  # the peers it waits on; not us (our own inner steps say so in words)
-            status["waiting"] = {**waiting, "on": [peer for peer in waiting["on"] if peer != self._node.peer_id]}
-        return {**status, "training": True, "member_peers": self._members(participation.replica),
+        return {**participation.status(), "training": True, "member_peers": self._members(participation.replica),
                 "device": participation.participant.device, "run_id": format_run_id(raw_id)}
 
     def _members(self, replica: Replica) -> list[dict[str, Any]]:
