@@ -88,10 +88,14 @@ def waiting_text(waiting: dict[str, Any] | None) -> str:
     if not waiting or not waiting.get("for"):
         return ""
     peers = list(waiting.get("on") or [])
-    if not peers:
-        return f"waiting for {waiting['for']}"
+    unreachable = set(waiting.get("unreachable") or ())
+    named = [f"{peer} (not connected)" if peer in unreachable else peer for peer in peers[:SHOWN_PEERS]]
     more = f" and {len(peers) - SHOWN_PEERS} more" if len(peers) > SHOWN_PEERS else ""
-    return f"waiting for {waiting['for']} from {', '.join(peers[:SHOWN_PEERS])}{more}"
+    text = f"waiting for {waiting['for']}" + (f" from {', '.join(named)}{more}" if peers else "")
+    if "waited_s" in waiting:
+        text += (f" (attempt {waiting['attempt']}: {waiting['waited_s']:.0f} s of its {waiting['deadline_s']:.0f} s "
+                 f"deadline); next: {waiting['next']}")
+    return text
 
 
 def _loss(value: float | None) -> str:

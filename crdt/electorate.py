@@ -17,19 +17,32 @@ Everything here is a pure function of the facts (facts.py) and the genesis, so o
   run's manifest can opt out (`influence = "joined"`: every contributor votes). A round's
   accepted contributions are the set proposed by the proposer that most of the certificate's
   voters name in their votes (ties: the smaller key): a quorum of the electorate aggregated it.
-- **Attempts.** Round r's electorate starts as above (attempt 0). When more than a third of an
-  attempt's electorate wrote `timeout` ops for it (the run's round deadline passed on their
-  clocks with no certificate; more than a third, so at least one honest member saw it), the
-  next attempt's electorate is the members of this one that voted in the round or timed out
-  this attempt (a live member still at work on the round times out too). A member that crashed,
-  even after its commit or after a vote that never left it, thus leaves a stalled round's
-  electorate, and the round can be certified without it.
+- **Attempts.** Round r's electorate starts as above (attempt 0). An attempt ends, and the next
+  one begins, in one of two ways:
+  - *timed out*: more than a third of the attempt's electorate wrote `timeout` ops for it (the
+    round's deadline passed on their clocks with no certificate; more than a third, so at least
+    one honest member saw it);
+  - *split*: no hash can reach a quorum in it any more: the most votes any hash holds plus the
+    members yet to vote are not more than two thirds of the electorate. This needs no clock: it
+    follows from the votes alone, as soon as they are seen, so honest members that aggregated
+    different sets (a join, a restart, a proposer that handed over early) start the next attempt
+    within a gossip delay instead of a deadline. It is stable: a new vote moves a member from
+    "yet to vote" to a hash, which never raises that sum, and a ban only lowers it.
+  The next attempt's electorate is the members of this one that voted in it or timed out (a
+  member that crashed, even after its commit, leaves it, and the round can be certified without
+  it). A member whose vote died with a split attempt votes again, in the next attempt, for the
+  set that attempt's members converge on (node/rounds/machine.py: the set most votes of the split
+  attempt named).
+- **Votes and locks.** One vote per member per attempt (a second one for the same attempt is
+  equivocation). A vote *stands* through the later attempts until the attempt it was cast in
+  splits: a member whose attempt only timed out keeps its vote (it is locked), and a fresh vote
+  from a member whose earlier vote still stands is not counted (an honest member never casts
+  one).
 - **Certificate.** Round r is certified with hash h when, in some attempt, more than two thirds
-  of that attempt's electorate voted (r, h). Votes are per round, not per attempt (a second
-  vote for one round is equivocation), and every attempt's electorate keeps every member that
-  voted, so two attempts can never certify different hashes: if h had a quorum V in attempt k,
-  every later electorate E contains V, and the voters of another hash number at most
-  |E| - |V| < |E| / 3 (|V| > 2|E_k|/3 ≥ 2|E|/3).
+  of that attempt's electorate have a standing vote for h; the first such attempt certifies.
+  Unique: if h had a quorum V in attempt k, that attempt never splits, so the votes of V stand in
+  every later attempt and every later electorate E contains V (they voted); the voters of
+  another hash number at most |E| - |V| < |E| / 3 (|V| > 2|E_k|/3 ≥ 2|E|/3).
 """
 
 from __future__ import annotations
@@ -148,36 +161,79 @@ def first_electorate(facts: Facts, genesis: Genesis, round_: int, earned: frozen
     return frozenset(trusted or able)
 
 
+Ballot = tuple[bytes, bytes]  # (hash, proposer or b"")
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One attempt of a round: its electorate, the votes that stand in it, and whether it split."""
+
+    electorate: frozenset[bytes]
+    standing: dict[bytes, Ballot]  # member -> its standing vote (members that have none are left out)
+    split: bool
+
+    def tally(self) -> Counter:
+        """hash -> standing votes for it."""
+        return Counter(hash_ for hash_, _proposer in self.standing.values())
+
+
+def _ballots(facts: Facts, round_: int) -> dict[bytes, dict[int, Ballot]]:
+    """author -> attempt -> its vote in that attempt, for the unbanned voters of `round_`."""
+    excluded = banned(facts)
+    return {
+        author: {attempt: (hash_, proposer) for attempt, hash_, proposer in said}
+        for author, said in facts.votes_in(round_).items() if author not in excluded
+    }
+
+
+def _is_split(standing: dict[bytes, Ballot], electorate: frozenset[bytes]) -> bool:
+    """Can no hash reach a quorum in this attempt any more (see the module docstring)?"""
+    most = max(Counter(hash_ for hash_, _p in standing.values()).values(), default=0)
+    return bool(electorate) and not is_quorum(most + len(electorate) - len(standing), len(electorate))
+
+
+def round_history(facts: Facts, round_: int, first: frozenset[bytes]) -> list[Attempt]:
+    """`round_`'s attempts so far, attempt 0 (electorate `first`) first."""
+    ballots, timeouts = _ballots(facts, round_), facts.timeouts_in(round_)
+    history: list[Attempt] = []
+    electorate, carried = first, {}  # carried: standing votes of the attempt before, if it did not split
+    while True:
+        number = len(history)
+        standing = {a: carried[a] if a in carried else ballots[a][number]
+                    for a in electorate if a in carried or number in ballots.get(a, {})}
+        split = _is_split(standing, electorate)
+        history.append(Attempt(electorate, standing, split))
+        timed_out = {a for a in electorate if number in timeouts.get(a, ())}
+        if len(history) == MAX_ATTEMPTS or not (split or is_more_than_a_third(len(timed_out), len(electorate))):
+            return history
+        electorate = frozenset(a for a in electorate if a in timed_out or a in standing)
+        carried = {} if split else standing
+
+
+def split_votes(history: list[Attempt]) -> dict[bytes, int]:
+    """proposer -> how many standing votes named its set in the latest attempt of `history` that
+    split (before the one under way); empty if none split. The set the next attempt converges on."""
+    split = next((attempt for attempt in reversed(history[:-1]) if attempt.split), None)
+    if split is None:
+        return {}
+    return dict(Counter(proposer for _hash, proposer in split.standing.values() if proposer))
+
+
 def attempts(facts: Facts, round_: int, first: frozenset[bytes]) -> list[frozenset[bytes]]:
     """The electorates of `round_`'s attempts so far, attempt 0 (`first`) first."""
-    chain = [first]
-    timeouts = facts.timeouts_in(round_)
-    while len(chain) < MAX_ATTEMPTS:
-        current, attempt = chain[-1], len(chain) - 1
-        timed_out = {a for a in current if attempt in timeouts.get(a, ())}
-        if not is_more_than_a_third(len(timed_out), len(current)):
-            break
-        voted = facts.votes_in(round_)
-        chain.append(frozenset(a for a in current if a in timed_out or a in voted))
-    return chain
+    return [attempt.electorate for attempt in round_history(facts, round_, first)]
 
 
-def certify(facts: Facts, round_: int, electorates: list[frozenset[bytes]], excluded: set[bytes]) -> Certificate | None:
+def certify(facts: Facts, round_: int, history: list[Attempt]) -> Certificate | None:
     """The certificate of `round_`: the first attempt in which more than two thirds of the
-    electorate voted one hash (unique: see the module docstring), or None."""
-    ballots: dict[bytes, set[bytes]] = defaultdict(set)
-    proposers: dict[bytes, bytes | None] = {}
-    for author, said in facts.votes_in(round_).items():
-        if author not in excluded and len(said) == 1:
-            ((hash_, proposer),) = said
-            ballots[hash_].add(author)
-            proposers[author] = proposer
-    for attempt, electorate in enumerate(electorates):
-        for hash_, voters in sorted(ballots.items()):
-            counted = frozenset(voters & electorate)
-            if is_quorum(len(counted), len(electorate)):
-                return Certificate(round_, hash_, counted, tuple(electorates[: attempt + 1]),
-                                   _accepted(facts, round_, [proposers[v] for v in counted]))
+    electorate have a standing vote for one hash (unique: see the module docstring), or None."""
+    for number, attempt in enumerate(history):
+        for hash_, count in sorted(attempt.tally().items()):
+            if is_quorum(count, len(attempt.electorate)):
+                voters = {a: proposer for a, (h, proposer) in attempt.standing.items() if h == hash_}
+                electorates = tuple(a.electorate for a in history[: number + 1])
+                return Certificate(round_, hash_, frozenset(voters), electorates,
+                                   _accepted(facts, round_, list(voters.values())))
     return None
 
 

@@ -5,8 +5,8 @@ reaches the same verdict alone, whatever else it holds:
 
 - "fork": two different ops by one author with the same `seq` (an honest author's ops form one
   chain; a second op at the same place in it is a lie told to part of the network);
-- "double-vote": two round votes by one author for the same round that differ (in the hash, or
-  in the proposer whose set they say they aggregated);
+- "double-vote": two votes by one author for the same attempt of the same round that differ (in
+  the hash, or in the proposer whose set they say they aggregated);
 - "double-commit": two payload commitments by one author for the same round that differ (in
   hash or size: one payload cannot match both);
 - "double-propose", "double-score": two proposals, or two contribution score reports, by one
@@ -44,7 +44,7 @@ def conflict(reason: str, a: Op, b: Op) -> bool:
     if reason == "fork":
         return a.seq == b.seq
     if reason == "double-vote":
-        return _same_round(a, b, "crdt.vote") and _vote(a) != _vote(b)
+        return _same_round(a, b, "crdt.vote") and _attempt(a) == _attempt(b) and _vote(a) != _vote(b)
     if reason == "double-commit":
         return _same_round(a, b, "crdt.commit") and (a.body["hash"], a.body["size"]) != (b.body["hash"], b.body["size"])
     if reason == "double-propose":
@@ -56,6 +56,10 @@ def conflict(reason: str, a: Op, b: Op) -> bool:
 
 def _vote(op: Op) -> tuple[bytes, bytes]:
     return op.body["hash"], op.body.get("proposer", b"")
+
+
+def _attempt(op: Op) -> int:
+    return op.body.get("attempt", 0)
 
 
 def _report(op: Op) -> tuple[list[bytes], list[int]]:
@@ -84,13 +88,16 @@ def ban_reason(facts: Facts, author: bytes) -> str | None:
     if author in facts.equivocated:
         for name, rows in (("vote", facts.votes), ("payload commitment", facts.commits), ("proposal", facts.proposals),
                            ("score report", facts.scores)):
-            said: dict[int, int] = {}  # round -> how many different statements
+            said: dict[tuple[int, int], int] = {}  # (round, attempt of a vote) -> how many different statements
             for row in rows:
                 if row[0] == author:
-                    said[row[1]] = said.get(row[1], 0) + 1
-            double = sorted(r for r, count in said.items() if count > 1)
+                    at = (row[1], row[4] if name == "vote" else 0)
+                    said[at] = said.get(at, 0) + 1
+            double = sorted(at for at, count in said.items() if count > 1)
             if double:
-                return f"double {name}: two different ones for round {double[0]}"
+                round_, attempt = double[0]
+                return f"double {name}: two different ones for round {round_}" + (
+                    f", attempt {attempt}" if name == "vote" else "")
         return "equivocation: two different statements for one round"
     if author in facts.convicted:
         return "convicted by evidence of an equivocation seen elsewhere"

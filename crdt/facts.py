@@ -56,7 +56,7 @@ _FACTS_SCHEMA = Struct(
         "ops": _table(_hash, _hash, Int(1, 2**40), _int),
         "joins": _table(_hash, Int(1, 2**40), _int),
         "leaves": _table(_hash, Int(1, 2**40), _int),
-        "votes": _table(_hash, _int, _hash, Bytes(0, 32)),
+        "votes": _table(_hash, _int, _hash, Bytes(0, 32), Int(0, 63)),
         "commits": _table(_hash, Int(1, 2**40), _hash, Int(1, MAX_PAYLOAD_SIZE)),
         "proposals": _table(_hash, Int(1, 2**40), List(_hash, max_len=MAX_PROPOSAL, min_len=1)),
         "attests": _table(_hash, _int, _hash, _int),
@@ -78,7 +78,7 @@ class Facts:
     ops: dict[OpId, tuple[bytes, int, int]] = field(default_factory=dict)  # id -> (author, seq, depth)
     joins: set[tuple[bytes, int, int]] = field(default_factory=set)  # (author, seq, round)
     leaves: set[tuple[bytes, int, int]] = field(default_factory=set)  # (author, seq, round)
-    votes: set[tuple[bytes, int, bytes, bytes]] = field(default_factory=set)  # (author, round, hash, proposer or b"")
+    votes: set[tuple[bytes, int, bytes, bytes, int]] = field(default_factory=set)  # (author, round, hash, proposer or b"", attempt)
     commits: set[tuple[bytes, int, bytes, int]] = field(default_factory=set)  # (author, round, hash, size)
     proposals: set[tuple[bytes, int, tuple[bytes, ...]]] = field(default_factory=set)  # (author, round, authors)
     attests: set[tuple[bytes, int, bytes, int]] = field(default_factory=set)  # (author, round, id, size)
@@ -92,11 +92,11 @@ class Facts:
     # Derived indexes, kept incrementally (see the module docstring).
     _chain: dict[tuple[bytes, int], OpId] = field(default_factory=dict, repr=False)
     forked: set[bytes] = field(default_factory=set)  # two ops at one (author, seq)
-    # Two different votes, commitments, proposals or score reports for one round.
+    # Two different votes for one attempt of a round; two commitments, proposals or score reports for one round.
     equivocated: set[bytes] = field(default_factory=set)
     newest_join: dict[bytes, tuple[int, int]] = field(default_factory=dict, repr=False)  # author -> (seq, round)
     newest_leave: dict[bytes, tuple[int, int]] = field(default_factory=dict, repr=False)
-    _votes_by_round: dict[int, dict[bytes, set[tuple[bytes, bytes]]]] = field(default_factory=dict, repr=False)
+    _votes_by_round: dict[int, dict[bytes, set[tuple[int, bytes, bytes]]]] = field(default_factory=dict, repr=False)
     _timeouts_by_round: dict[int, dict[bytes, set[int]]] = field(default_factory=dict, repr=False)
     _commits_by_round: dict[int, dict[bytes, set[tuple[bytes, int]]]] = field(default_factory=dict, repr=False)
     _proposals_by_round: dict[int, dict[bytes, set[tuple[bytes, ...]]]] = field(default_factory=dict, repr=False)
@@ -113,7 +113,7 @@ class Facts:
             case "leave":
                 self._add_leave((author, op.seq, body["round"]))
             case "vote":
-                self._add_vote((author, body["round"], body["hash"], body.get("proposer", b"")))
+                self._add_vote((author, body["round"], body["hash"], body.get("proposer", b""), body.get("attempt", 0)))
             case "timeout":
                 self._add_timeout((author, body["round"], body["attempt"]))
             case "commit":
@@ -134,8 +134,9 @@ class Facts:
 
     # --- the indexes ---------------------------------------------------------------------------
 
-    def votes_in(self, round_: int) -> dict[bytes, set[tuple[bytes, bytes]]]:
-        """author -> the (hash, proposer or b"") votes it cast in `round_` (more than one: it equivocated)."""
+    def votes_in(self, round_: int) -> dict[bytes, set[tuple[int, bytes, bytes]]]:
+        """author -> the (attempt, hash, proposer or b"") votes it cast in `round_` (two for one attempt: it
+        equivocated)."""
         return self._votes_by_round.get(round_, {})
 
     def timeouts_in(self, round_: int) -> dict[bytes, set[int]]:
@@ -168,10 +169,14 @@ class Facts:
         self.leaves.add(row)
         _keep_newest(self.newest_leave, row)
 
-    def _add_vote(self, row: tuple[bytes, int, bytes, bytes]) -> None:
+    def _add_vote(self, row: tuple[bytes, int, bytes, bytes, int]) -> None:
+        # One vote per attempt: a member votes again in the attempt after a split (crdt/electorate.py).
         self.votes.add(row)
-        author, round_, hash_, proposer = row
-        self._by_round(self._votes_by_round, author, round_, (hash_, proposer))
+        author, round_, hash_, proposer, attempt = row
+        said = self._votes_by_round.setdefault(round_, {}).setdefault(author, set())
+        said.add((attempt, hash_, proposer))
+        if sum(1 for vote in said if vote[0] == attempt) > 1:
+            self.equivocated.add(author)
 
     def _add_timeout(self, row: tuple[bytes, int, int]) -> None:
         # Not equivocation: one member may say several attempts of a round timed out.

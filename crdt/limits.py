@@ -12,8 +12,9 @@ ops, for any round, without ever joining, and every replica would keep them for 
    named at genesis (genesis.py), which the manifest trusts and which need not train.
 2. **Caps per author and round** (`RULES`): at most `cap` ops of a kind per author per key (the
    round, and for a timeout the attempt too) along the author's own chain. The caps are above
-   what an honest node writes (node/rounds/participation.py and service.py): one commit, proposal and
-   vote per round, which two of them already turn into a ban when they differ (so the cap is 2:
+   what an honest node writes (node/rounds/participation.py and service.py): one commit and proposal
+   per round and one vote per attempt of a round, which two of them already turn into a ban when
+   they differ (so the cap is 2:
    the second is let in, and a conflicting pair shows as an equivocation; a third is refused);
    one checkpoint per round it aggregated (two after a restart in the middle of one); no attest
    (a checkpoint counts as its author's attestation: 4 leave room for a few candidates); one
@@ -87,7 +88,7 @@ RULES: dict[str, Rule | None] = {
     "join": Rule(2, members_only=False),
     "leave": Rule(2),
     "commit": Rule(2),
-    "vote": Rule(2),
+    "vote": Rule(2, key=("round", "attempt"), bounds=(("attempt", MAX_ATTEMPT),)),
     "propose": Rule(2),
     "timeout": Rule(1, key=("round", "attempt"), bounds=(("attempt", MAX_ATTEMPT),)),
     "checkpoint": Rule(2),
@@ -166,7 +167,7 @@ class Limits:
         if rule.members_only and not member:
             raise ProtocolError("not-member", f"only members may write {op_type} ops: join the run first")
         for name, most in rule.bounds:
-            if body[name] > most:
+            if body.get(name, 0) > most:
                 raise ProtocolError("over-cap", f"{op_type} {name} {body[name]} is over the cap of {most}")
         if "round" in rule.key:
             round_ = body["round"]
@@ -197,7 +198,7 @@ def _counted_at(rule: Rule, body: Mapping[str, Any], top: int) -> Any:
         return top
     if len(rule.key) == 1:
         return body[rule.key[0]]
-    return tuple(body[name] for name in rule.key)
+    return tuple(body.get(name, 0) for name in rule.key)  # an optional key field (a vote's attempt) is 0
 
 
 def _count_on_chain(link: Link | None, kind: str, at: Any, round_: int) -> int:
@@ -220,7 +221,9 @@ def earlier_statement(facts: Facts, author: bytes, op_type: str, fields: Mapping
         said = (author, fields["round"], fields["id"], fields["size"]) in facts.attests
         return "same" if said else None
     if op_type == "vote":
-        saying, said = fields["hash"], facts.votes_in(fields["round"]).get(author)
+        attempt = fields.get("attempt", 0)
+        saying = (fields["hash"], fields.get("proposer", b""))
+        said = {(h, p) for a, h, p in facts.votes_in(fields["round"]).get(author, ()) if a == attempt}
     elif op_type == "commit":
         saying, said = (fields["hash"], fields["size"]), facts.commits_in(fields["round"]).get(author)
     elif op_type == "propose":

@@ -41,8 +41,8 @@ from .ops import Op, OpId, content_id, decode_op, decode_wire, op_content, parse
 from .pending import PendingBuffer
 from .seal import SealCache
 from .view import (
-    Checkpoint, RunState, checkpoint_candidates, contributors, derive, has_lapsed, round_attempts, round_commits,
-    round_proposals, round_votes,
+    Attempt, Checkpoint, RunState, checkpoint_candidates, contributors, derive, has_lapsed, round_attempts,
+    round_commits, round_proposals, round_votes, uncertified_history,
 )
 
 MiB = 1024 * 1024
@@ -149,6 +149,11 @@ class Replica:
         """The electorates of round `round_`'s attempts so far, attempt 0's first (electorate.py)."""
         return round_attempts(self.facts, self.genesis, self.state, round_)
 
+    def history(self, round_: int) -> list[Attempt]:
+        """The attempts of round `round_`, a round past the newest certified one, so far: each one's
+        electorate, standing votes and whether it split (electorate.py)."""
+        return uncertified_history(self.facts, self.genesis, self.state, round_)
+
     def electorate(self, round_: int) -> frozenset[bytes]:
         """Who votes, proposes and stores the state in round `round_` now (its latest attempt's electorate)."""
         return self.attempts(round_)[-1]
@@ -174,8 +179,9 @@ class Replica:
         return round_proposals(self.facts, round_)
 
     def votes(self, round_: int) -> dict[bytes, bytes]:
-        """author -> the hash it voted for in round `round_`, for the round's contributors."""
-        return round_votes(self.facts, round_)
+        """author -> the hash its standing vote names in the latest attempt of round `round_`, a
+        round past the newest certified one."""
+        return round_votes(self.history(round_))
 
     # --- writing ------------------------------------------------------------------------------
 

@@ -3,7 +3,7 @@
 Everything here is a pure function of the facts (facts.py), so of the op set. The rules:
 
 - **Bans**: an author is banned when the set proves it equivocated: two of its ops share a
-  `seq` (a fork), two of its votes for one round differ, two of its payload commitments (or
+  `seq` (a fork), two of its votes for one attempt of a round differ, two of its payload commitments (or
   two proposals) for one round differ, or an evidence op convicts it (evidence.py). A banned
   author's ops stay in the DAG (others' ops point at them) but count for nothing below.
 - **Membership** (add-wins per author): an author's own join and leave ops form one chain, so
@@ -13,7 +13,8 @@ Everything here is a pure function of the facts (facts.py), so of the op set. Th
 - **Who weighs in a round** (contributors, the electorate, its attempts, the certificate):
   electorate.py. Honest nodes name (certified round + 1) when joining.
 - **Rounds**: round r is certified with hash h when round r-1 is certified (round 0 is the
-  genesis) and, in one of r's attempts, more than 2/3 of that attempt's electorate voted (r, h).
+  genesis) and, in one of r's attempts, more than 2/3 of that attempt's electorate have a
+  standing vote for (r, h).
   So the round number moves one step per quorum: a single peer cannot push it ahead, its votes
   for far rounds count for nothing. Known limit: a late join that names an old round enlarges
   that round's electorate and can take back its certificate; honest nodes never do that and a
@@ -50,8 +51,8 @@ from typing import Any
 from locomesh.protocol import unpack
 
 from .electorate import (  # noqa: F401 - re-exported: the view's questions are asked through here
-    ACTIVITY_WINDOW, NEVER, Certificate, attempts, banned, certify, contributors, first_electorate, has_lapsed,
-    is_banned, is_eligible, is_quorum,
+    ACTIVITY_WINDOW, NEVER, Attempt, Certificate, attempts, banned, certify, contributors, first_electorate,
+    has_lapsed, is_banned, is_eligible, is_quorum, round_history,
 )
 from .facts import Facts
 from .genesis import Genesis
@@ -117,7 +118,7 @@ def derive(facts: Facts, genesis: Genesis) -> RunState:
     excluded = banned(facts)
     joined, left = _unbanned(facts.newest_join, excluded), _unbanned(facts.newest_leave, excluded)
     members = sorted(a for a, join in joined.items() if join[0] > left.get(a, (NEVER, 0))[0])
-    certificates, sizes = _certified_rounds(facts, genesis, excluded)
+    certificates, sizes = _certified_rounds(facts, genesis)
     certified = max(certificates, default=0)
     schedule = _hparam_schedule(facts, excluded)
     return RunState(
@@ -141,7 +142,12 @@ def round_attempts(facts: Facts, genesis: Genesis, state: RunState, round_: int)
     certificate = state.certificates.get(round_)
     if certificate is not None:
         return list(certificate.attempts)
-    return attempts(facts, round_, first_electorate(facts, genesis, round_, state.earned))
+    return [attempt.electorate for attempt in uncertified_history(facts, genesis, state, round_)]
+
+
+def uncertified_history(facts: Facts, genesis: Genesis, state: RunState, round_: int) -> list[Attempt]:
+    """The attempts of `round_`, a round past the newest certified one, so far (electorate.py)."""
+    return round_history(facts, round_, first_electorate(facts, genesis, round_, state.earned))
 
 
 def electorate(facts: Facts, genesis: Genesis, state: RunState, round_: int) -> frozenset[bytes]:
@@ -149,9 +155,9 @@ def electorate(facts: Facts, genesis: Genesis, state: RunState, round_: int) -> 
     return round_attempts(facts, genesis, state, round_)[-1]
 
 
-def round_votes(facts: Facts, round_: int) -> dict[bytes, bytes]:
-    """author -> voted hash, for the contributors of `round_` that voted in it."""
-    return {a: _only(said)[0] for a, said in facts.votes_in(round_).items() if _counts(facts, a, round_)}
+def round_votes(history: list[Attempt]) -> dict[bytes, bytes]:
+    """author -> the hash of its vote that stands in the latest of the attempts `history`."""
+    return {author: hash_ for author, (hash_, _proposer) in history[-1].standing.items()}
 
 
 def round_commits(facts: Facts, round_: int) -> dict[bytes, tuple[bytes, int]]:
@@ -184,16 +190,16 @@ def _unbanned(newest: dict[bytes, tuple[int, int]], excluded: set[bytes]) -> dic
     return {author: row for author, row in newest.items() if author not in excluded}
 
 
-def _certified_rounds(facts: Facts, genesis: Genesis, excluded: set[bytes]):
+def _certified_rounds(facts: Facts, genesis: Genesis):
     """round -> Certificate up to the first uncertified round, and round -> electorate size."""
     certificates: dict[int, Certificate] = {}
     sizes: dict[int, int] = {}
     earned: frozenset[bytes] = frozenset()
     round_ = 1
     while facts.votes_in(round_):  # rounds up to the first gap, not all votes
-        chain = attempts(facts, round_, first_electorate(facts, genesis, round_, earned))
-        certificate = certify(facts, round_, chain, excluded)
-        sizes[round_] = len(chain[-1] if certificate is None else certificate.electorate)
+        history = round_history(facts, round_, first_electorate(facts, genesis, round_, earned))
+        certificate = certify(facts, round_, history)
+        sizes[round_] = len(history[-1].electorate if certificate is None else certificate.electorate)
         if certificate is None:
             break
         certificates[round_] = certificate

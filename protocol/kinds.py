@@ -164,10 +164,13 @@ def _op_kind(name: str, fields: dict, max_size: int, optional: frozenset[str] = 
 
 CRDT_JOIN = _op_kind("join", {"round": _round}, 4 * KiB)
 CRDT_LEAVE = _op_kind("leave", {"round": _round}, 4 * KiB)
-# A vote for the new state's hash; `proposer` names whose proposal the voter aggregated (the
-# certificate's voters thereby say which contributions the round accepted: crdt/electorate.py).
+# A vote for the new state's hash in one attempt of a round; `proposer` names whose proposal the
+# voter aggregated (the certificate's voters thereby say which contributions the round accepted:
+# crdt/electorate.py). One vote per (round, attempt): a member whose vote died with a split
+# attempt votes again in the next one. No `attempt`: attempt 0.
 CRDT_VOTE = _op_kind(
-    "vote", {"round": Int(1, 2**40), "hash": _hash, "proposer": _public_key}, 4 * KiB, optional=frozenset({"proposer"})
+    "vote", {"round": Int(1, 2**40), "hash": _hash, "proposer": _public_key, "attempt": Int(0, 63)}, 4 * KiB,
+    optional=frozenset({"proposer", "attempt"}),
 )
 # A member's word that attempt `attempt` of round `round` passed the run's round deadline on its
 # clock without a certificate (crdt/electorate.py: attempts). Attempts are few: MAX_ATTEMPTS.

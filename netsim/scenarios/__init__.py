@@ -7,11 +7,11 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable
 
-from . import checkpoint, connectivity, dht, directory, nat, train
+from . import checkpoint, connectivity, dht, directory, nat, soak, train
 from .options import describe, option_fields
 
 _MODULES = {"connectivity": connectivity, "dht": dht, "directory": directory, "checkpoint": checkpoint, "train": train,
-            "nat": nat}
+            "nat": nat, "soak": soak}
 SCENARIOS: dict[str, Callable[..., dict]] = {name: module.run for name, module in _MODULES.items()}
 CONFIGS: dict[str, type] = {name: module.Config for name, module in _MODULES.items()}
 

@@ -26,6 +26,7 @@ from locomesh.protocol.runs import format_run_id, load_manifest, parse_run_id
 from locomesh.training.run_settings import ParticipantError
 
 from locomesh.node.config import human_size
+from locomesh.node.rpc.dispatch import RpcError
 from locomesh.node.runtime import DialError, Node
 
 from .checks import Check, fail, ok, warn
@@ -89,6 +90,9 @@ class RunDoctor:
         if manifest is None:
             return report
         body = load_manifest(manifest)[1].body
+        progress = await self._progress(format_run_id(raw))
+        if progress is not None:
+            report.checks.append(progress)
         members = await self._members(raw)
         report.facts["members"] = len(members)
         tried = await self._reach(members[:MAX_MEMBERS_TRIED])
@@ -100,6 +104,15 @@ class RunDoctor:
         if footprint is not None:
             await self._prediction(body, footprint, tried, report)
         return report
+
+    async def _progress(self, run_id: str) -> Check | None:
+        """Whether the run certifies rounds here (`run.status` of this node's participation), or
+        None if this node does not train in it."""
+        try:
+            status = await self.node.rpc.call("run.status", {"run_id": run_id})
+        except RpcError:
+            return None
+        return progress_check(status)
 
     async def _manifest(self, raw: bytes, report: RunReport) -> bytes | None:
         known = self.registry.store.get(raw)
@@ -223,6 +236,32 @@ class RunDoctor:
                                       "a faster device or link would leave a margin"))
         else:
             report.checks.append(ok("round time", f"in time: {detail}"))
+
+
+LIKELY_CAUSE = {
+    "voted": "members of the electorate that have not voted: crashed after their commit, or cut off from the rest",
+    "propose": "no proposal this node can follow: payloads it cannot fetch, or a proposer that is gone",
+    "collect": "payloads this node cannot fetch from their authors",
+    "train": "this node's own inner steps take much longer than the run's recent rounds",
+}
+
+
+def progress_check(status: dict[str, Any]) -> Check:
+    """A round that has lasted more than twice the longest recent round here is stuck: say since
+    when, until when, on whom, and the likely cause."""
+    waiting = status.get("waiting") or {}
+    if not waiting.get("stuck"):
+        return ok("round progress", f"round {status.get('round', 0) + 1} is under way "
+                                    f"({status.get('certified', 0)} certified)")
+    on = waiting.get("on") or []
+    unreachable = waiting.get("unreachable") or []
+    whom = f" from {len(on)} peers ({len(unreachable)} not connected)" if on else ""
+    cause = LIKELY_CAUSE.get(status.get("phase", ""), "see `locomesh run status`")
+    return warn("round progress",
+                f"round {status['round'] + 1} is stuck: attempt {waiting['attempt']} has waited {waiting['waited_s']:.0f} s "
+                f"(recent rounds took at most {waiting['usual_s']:.0f} s; its deadline is {waiting['deadline_s']:.0f} s) "
+                f"for {waiting['for']}{whom}; likely cause: {cause}",
+                f"next: {waiting['next']}; `locomesh run status {status.get('run_id', '')}` names the peers")
 
 
 def _members_check(members: list[str], tried: list[MemberReport]) -> Check:

@@ -196,7 +196,7 @@ class _Replay:
         voters name in their votes first (most named first). A named proposal that is not in the
         op log is a gap (an honest vote always names the proposal it followed: `PublishVote`)."""
         proposed = self.facts.proposals_in(number)
-        named = Counter(proposer for voter in voters for _hash, proposer in self.facts.votes_in(number).get(voter, ())
+        named = Counter(proposer for voter in voters for _attempt, _hash, proposer in self.facts.votes_in(number).get(voter, ())
                         if proposer)
         for proposer in sorted(set(named) - set(proposed)):
             gaps.notes.add(f"the proposal of {proposer.hex()[:16]} named in votes is not in this node's op log")

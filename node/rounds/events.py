@@ -45,6 +45,8 @@ class Observation:
     seed: bytes = b""  # randomness no key could know when it was made: the certified hash, or the run ID
     member: bool = True  # our newest join/leave is a join (a leave while sitting out turns it off)
     sit_out: bool = False  # this node contributes to no round for now (paused, or outside its schedule)
+    standing: frozenset[Author] = frozenset()  # who holds a standing vote in the current attempt
+    split_votes: dict[Author, int] = field(default_factory=dict)  # proposer -> votes naming it in the latest split attempt
 
     @property
     def able(self) -> frozenset[Author]:
@@ -128,6 +130,7 @@ class PublishVote:
     round: int
     state_hash: bytes
     proposer: Author | None = None  # whose proposal we aggregated
+    attempt: int = 0  # the attempt we vote in (a vote stands until its attempt splits)
 
 
 @dataclass(frozen=True)

@@ -93,6 +93,10 @@ MAX_REFETCH_PAUSE = 8.0
 PATIENCE = 5  # windows a proposer that committed this round gets before the next one takes over
 ABANDON_AFTER = 3  # failed fetches of one payload of the followed proposal before we give that proposal up
 SPREAD_HISTORY = 3
+DURATION_HISTORY = 8  # rounds whose length (start to certificate, here) sets the attempt deadline
+DEADLINE_FACTOR = 3.0  # an attempt may last this many times the longest recent round...
+MIN_DEADLINE = 30.0  # ...but never less than this, and never more than the run's round deadline
+REWRITE_GRACE = 10.0  # seconds the run's history must leave out our state before we go back to it
 WORKING = frozenset({Phase.TRAIN, Phase.COLLECT, Phase.PROPOSE, Phase.REPLAY, Phase.AGGREGATE, Phase.VOTED})
 
 
@@ -113,11 +117,13 @@ class RoundMachine(Replaying):
         self.current: RoundState | None = None
         self.voted_hash: bytes | None = None
         self.spreads: deque[float] = deque(maxlen=SPREAD_HISTORY)
+        self.durations: deque[float] = deque(maxlen=DURATION_HISTORY)  # recent rounds certified with us, seconds
         self.retry_at = 0.0
         self.awaiting_retry = False  # a sync failed; StartSync again at retry_at
         self.last: Observation | None = None
         self.rejoined_at: int | None = None  # the certified round when our membership lapsed and we joined again
         self.left_at: int | None = None  # the certified round after which we left to sit rounds out
+        self.rewritten_since: float | None = None  # when the run's history first stopped holding our state
 
     def handle(self, event: Event) -> list[Action]:
         """Feed one event; the actions to carry out, in order. `ImpossibleEvent` for a completion
@@ -146,9 +152,10 @@ class RoundMachine(Replaying):
     # --- observations, per phase ------------------------------------------------------------------
 
     def _follow_certificates(self, seen: Observation) -> list[Action] | None:
-        """If the run certified a round at or past ours, adopt it (our hash) or sync to it."""
+        """If the run certified a round at or past ours, adopt it (our hash) or sync to it; if its
+        history no longer holds the state we hold, go back to the one it holds (`_rewritten`)."""
         if seen.certified <= self.state_round:
-            return None
+            return self._rewritten(seen)
         working = self.current.number if self.current else None
         if (
             self.phase is Phase.VOTED
@@ -157,6 +164,7 @@ class RoundMachine(Replaying):
             and seen.certified_hash == self.voted_hash
         ):
             done = RoundDone(working, self.voted_hash, len(self.current.fetched) + 1, synced=False)
+            self.durations.append(seen.now - self.current.started)
             self._adopt(working, self.voted_hash)
             return [done, *self._idle_observe(seen)]
         if self.phase is Phase.SYNC and self.current is not None and self.current.number == seen.certified:
@@ -169,6 +177,26 @@ class RoundMachine(Replaying):
                 return self._start_replay(replay)
         actions: list[Action] = [] if working is None else [Discard(working)]
         assert seen.certified_hash is not None, "a certified round past 0 has a hash"
+        self.phase, self.current = Phase.SYNC, RoundState(seen.certified, seen.now)
+        self.awaiting_retry = False
+        return [*actions, StartSync(seen.certified, seen.certified_hash)]
+
+    def _rewritten(self, seen: Observation) -> list[Action] | None:
+        """Two sides of a partition can each certify rounds on their own (each side more than a
+        third of an electorate that timed out the other); once they meet, the merged op set holds
+        one history, the same on every replica, and it may not be ours. Sync to its newest
+        certified state and go on from there: a rewritten history costs rounds, never the run."""
+        ours = (self.state_round, self.state_hash)
+        if seen.certified == 0 or ours == (seen.certified, seen.certified_hash) or self.phase is Phase.SYNC:
+            self.rewritten_since = None
+            return None
+        # An op of an old round that arrives late can take a certificate back for a moment (crdt/view.py).
+        if self.rewritten_since is None:
+            self.rewritten_since = seen.now
+        if seen.now - self.rewritten_since < REWRITE_GRACE:
+            return None
+        self.rewritten_since = None
+        actions: list[Action] = [] if self.current is None else [Discard(self.current.number)]
         self.phase, self.current = Phase.SYNC, RoundState(seen.certified, seen.now)
         self.awaiting_retry = False
         return [*actions, StartSync(seen.certified, seen.certified_hash)]
@@ -214,7 +242,7 @@ class RoundMachine(Replaying):
             return []
         if seen.attempt > work.attempt:
             self._new_attempt(seen)
-        if seen.now < work.attempt_started + self.timing.round_deadline or work.attempt in work.timed_out:
+        if seen.now < work.attempt_started + self.deadline() or work.attempt in work.timed_out:
             return []
         work.timed_out.add(work.attempt)
         return [PublishTimeout(work.number, work.attempt)]
@@ -290,7 +318,24 @@ class RoundMachine(Replaying):
             return self._compare_with_certificate(done, seen)
         self.phase = Phase.VOTED
         self.voted_hash = done.state_hash
-        return [] if done.state_hash is None else [PublishVote(done.round, done.state_hash, self.current.following)]
+        if done.state_hash is None:
+            return []
+        work = self.current
+        work.voted_attempt = work.attempt
+        return [PublishVote(done.round, done.state_hash, work.following, work.attempt)]
+
+    def _voted_observe(self, seen: Observation) -> list[Action]:
+        """Our vote died if the attempt it stood in split (no hash could reach a quorum there): vote
+        again in the attempt under way, for the set its members converge on (`_propose_or_follow`).
+        An attempt that only timed out keeps our vote standing: we are locked to it."""
+        work = self.current
+        if work.voted_attempt is None or seen.attempt <= work.voted_attempt or self.me in seen.standing:
+            return []
+        self.phase, self.voted_hash = Phase.PROPOSE, None
+        work.chosen = work.following = work.voted_attempt = None
+        work.closed_at = seen.now
+        work.failed |= set(work.arrivals) - work.fetched  # fetches still out were dropped when we aggregated
+        return self._propose_or_follow(seen.now)
 
     def _compare_with_certificate(self, done: Aggregated, seen: Observation) -> list[Action]:
         """The round was certified while we aggregated (or replayed it): adopt our result if it is
@@ -298,6 +343,7 @@ class RoundMachine(Replaying):
         work = self.current
         if done.state_hash is not None and done.state_hash == seen.certified_hash:
             contributors = len(work.chosen or ())
+            self.durations.append(seen.now - work.started)
             self._adopt(done.round, done.state_hash)
             return [RoundDone(done.round, done.state_hash, contributors, synced=work.replay), *self._idle_observe(seen)]
         assert seen.certified_hash is not None, "a certified round past 0 has a hash"
@@ -343,6 +389,10 @@ class RoundMachine(Replaying):
         """Follow the first acceptable proposal in proposer order whose turn has come (switching
         to it if we followed a later one), or publish ours when our turn comes with none before it."""
         work, seen = self.current, self.last
+        converged = self._converged()
+        if converged is not None:
+            proposal = seen.proposals[converged]
+            return [] if proposal == work.chosen else self._follow(converged, proposal)
         turns = list(self.turns())
         for proposer, starts, ends in turns:
             proposal = seen.proposals.get(proposer)
@@ -355,7 +405,22 @@ class RoundMachine(Replaying):
                 continue
             if now < ends:
                 return []  # still this proposer's turn
+        # Every turn passed with no set to follow: a vote for our own set still ends the attempt
+        # (a split), and the next one converges on the set most votes named.
+        if work.chosen is None and self.me in seen.electorate and self.me not in seen.proposals and (own := self._own_set()):
+            return self._propose(own)
         return []
+
+    def _converged(self) -> Author | None:
+        """After a split attempt: the proposer whose set most of its votes named (ties: the larger
+        set, then the smaller key), if we can still follow that set. Every honest member reads the
+        same votes once the attempt split, so they all vote for one set in the next attempt."""
+        work, seen = self.current, self.last
+        candidates = [p for p in seen.split_votes
+                      if p in seen.proposals and p not in work.abandoned and set(seen.proposals[p]) <= {*seen.commits, self.me}]
+        if not candidates:
+            return None
+        return min(candidates, key=lambda p: (-seen.split_votes[p], -len(seen.proposals[p]), p))
 
     def _propose(self, own: tuple[Author, ...]) -> list[Action]:
         return [PublishProposal(self.current.number, own), *self._follow(self.me, own)]
@@ -433,6 +498,15 @@ class RoundMachine(Replaying):
         spread of commit arrivals (first to last within the cutoff) of recent rounds."""
         return max(self.timing.min_collect, 2.0 * max(self.spreads, default=0.0))
 
+    def deadline(self) -> float:
+        """How long an attempt may last here before we say it timed out: DEADLINE_FACTOR times the
+        longest of the recent rounds certified with us, within [MIN_DEADLINE, the run's round
+        deadline] (the run's deadline until a few rounds were seen). A run of fast members does
+        not wait the run's whole deadline on one that is gone; a run of slow ones is not cut short."""
+        if len(self.durations) < 3:
+            return self.timing.round_deadline
+        return min(self.timing.round_deadline, max(MIN_DEADLINE, DEADLINE_FACTOR * max(self.durations)))
+
     def cutoff(self) -> float:
         """The round's cutoff: first commit seen plus the window, capped by half of what is left of
         the round's deadline (the round closes early once every contributor's payload is in)."""
@@ -475,12 +549,14 @@ TRANSITIONS: dict[tuple[Phase, type], Transition] = {
     (_P.TRAIN, Observation): _to(RoundMachine._watch_commits, _P.TRAIN),
     (_P.COLLECT, Observation): _to(RoundMachine._collect_observe, _P.COLLECT, _P.PROPOSE, _P.AGGREGATE),
     (_P.PROPOSE, Observation): _to(RoundMachine._propose_observe, _P.PROPOSE, _P.AGGREGATE),
-    **{(phase, Observation): _to(_nothing, phase) for phase in (_P.REPLAY, _P.AGGREGATE, _P.VOTED)},
+    **{(phase, Observation): _to(_nothing, phase) for phase in (_P.REPLAY, _P.AGGREGATE)},
+    (_P.VOTED, Observation): _to(RoundMachine._voted_observe, _P.VOTED, _P.PROPOSE, _P.AGGREGATE),
     (_P.SYNC, Observation): _to(RoundMachine._sync_observe, _P.SYNC),
     (_P.TRAIN, Trained): _to(RoundMachine._trained, _P.COLLECT, _P.PROPOSE, _P.AGGREGATE),
     (_P.TRAIN, Fetched): _to(RoundMachine._fetched, _P.TRAIN),
     (_P.COLLECT, Fetched): _to(RoundMachine._fetched, _P.COLLECT, _P.PROPOSE, _P.AGGREGATE),
     (_P.PROPOSE, Fetched): _to(RoundMachine._fetched, _P.PROPOSE, _P.AGGREGATE),
+    (_P.VOTED, Fetched): _to(RoundMachine._fetched, _P.VOTED),
     (_P.REPLAY, Fetched): _to(RoundMachine._replay_fetched, _P.REPLAY, _P.AGGREGATE, _P.SYNC),
     (_P.AGGREGATE, Aggregated): _to(RoundMachine._aggregated, _P.VOTED, _P.IDLE, _P.TRAIN, _P.SYNC),
     (_P.SYNC, Synced): _to(RoundMachine._synced, _P.SYNC, _P.IDLE, _P.TRAIN),
@@ -489,7 +565,7 @@ TRANSITIONS: dict[tuple[Phase, type], Transition] = {
 # synced; a fetch that ended after its round was cut): they come, and change nothing.
 STALE: frozenset[tuple[Phase, type]] = frozenset({
     (_P.REPLAY, Trained), (_P.AGGREGATE, Trained), (_P.SYNC, Trained),
-    (_P.AGGREGATE, Fetched), (_P.VOTED, Fetched), (_P.SYNC, Fetched),
+    (_P.AGGREGATE, Fetched), (_P.SYNC, Fetched),
 })
 # The state-triggered transitions lead to these phases, from any phase.
 CERTIFICATE_PHASES = frozenset({_P.IDLE, _P.TRAIN, _P.REPLAY, _P.AGGREGATE, _P.SYNC})

@@ -32,6 +32,7 @@ from typing import Any, Awaitable, Callable
 import trio
 
 from locomesh.crdt import Replica
+from locomesh.crdt.electorate import split_votes
 from locomesh.crdt.evidence import ban_reason
 from locomesh.crdt.scores import accepted_counts, scores_json
 from locomesh.protocol import peer_id_from_public_key
@@ -45,7 +46,7 @@ from locomesh.node.rounds import machine as rm
 from locomesh.node.rounds.payloads import PayloadExchange
 from locomesh.node.rounds.scoring import RoundScorer
 from locomesh.node.rounds.states import StateKeeper
-from locomesh.node.rounds.status import waiting_on
+from locomesh.node.rounds.status import round_clock, waiting_on
 from locomesh.node.transfer.download import DownloadProgress, Offload
 from locomesh.node.transfer.held import HeldCheckpoints
 from locomesh.node.rounds.work import RoundRecord, RoundWork, TrainingAhead
@@ -164,22 +165,24 @@ class RunParticipation:
         state = self.replica.state
         next_round = state.round + 1
         commits = self.replica.commits(next_round)
-        attempts = self.replica.attempts(next_round)
+        history = self.replica.history(next_round)
         return rm.Observation(
             now=trio.current_time(),
             certified=state.round,
             certified_hash=state.rounds[-1][1] if state.rounds else None,
-            electorate=attempts[-1],
+            electorate=history[-1].electorate,
             commits=commits,
             proposals=self.replica.proposals(next_round),
             certified_proposals=self.replica.proposals(state.round) if state.round else {},
             unreachable=frozenset(author for author in commits if author != self.me and not self._connected(author)),
             lapsed=self.replica.lapsed(self.me, next_round),
             contributors=frozenset(self.replica.contributors(next_round)),
-            attempt=len(attempts) - 1,
+            attempt=len(history) - 1,
             seed=self.states.seed(next_round),
             member=self.me in state.members,
             sit_out=self.sitting_out() is not None,
+            standing=frozenset(history[-1].standing),
+            split_votes=split_votes(history),
         )
 
     def sitting_out(self) -> str | None:
@@ -249,7 +252,9 @@ class RunParticipation:
         state = self.replica.state
         what, on = waiting_on(self.machine, frozenset(self.replica.votes(state.round + 1)))
         # Not us: what we wait on ourselves (our inner steps, our outer step) the words say.
-        return {"for": what, "on": sorted(self._peer_id(author) for author in on if author != self.me)}
+        peers = sorted(self._peer_id(author) for author in on if author != self.me)
+        return {"for": what, "on": peers, "unreachable": [peer for peer in peers if peer not in self.node.peers],
+                **round_clock(self.machine, trio.current_time())}
 
     def _waiting_text(self) -> str:
         waiting = self._waiting()
@@ -285,9 +290,11 @@ class RunParticipation:
                                 trio.current_time() - last_commit)
                     self.work.cancel(fetches_only=True)
                     self._start(self.work.tasks, self._aggregate, self.work, authors, last_commit)
-                case rm.PublishVote(round=r, state_hash=state_hash, proposer=proposer):
+                case rm.PublishVote(round=r, state_hash=state_hash, proposer=proposer, attempt=attempt):
                     fields = {} if proposer is None else {"proposer": proposer}
-                    self.crdt.write(self.run_id, "vote", round=r, hash=state_hash, **fields)
+                    if attempt:
+                        logger.info("round %d: voting again in attempt %d (the attempt before split)", r, attempt)
+                    self.crdt.write(self.run_id, "vote", round=r, hash=state_hash, attempt=attempt, **fields)
                 case rm.PublishTimeout(round=r, attempt=attempt):
                     logger.warning("round %d: attempt %d passed the round deadline (%.0f s) uncertified; waiting for %s",
                                    r, attempt, self.machine.timing.round_deadline, self._waiting_text())
@@ -427,6 +434,10 @@ class RunParticipation:
                 if self.scoring.enabled:  # θ before this step: what the round's contributions are scored on
                     work.scoring_base, work.aggregated = self.participant.scoring_base(), authors
                 started = trio.current_time()
+                if work.before is None:
+                    work.before = self.participant.snapshot()
+                else:  # voting again after a split: this set's step starts from the round's state too
+                    self.participant.adopt(work.before.tensors, work.before.round)
                 await self.compute(self.participant.aggregate, payloads)
                 work.aggregate_seconds = trio.current_time() - started
                 work.exchange_seconds = trio.current_time() - last_commit

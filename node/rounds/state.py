@@ -43,6 +43,7 @@ class RoundState:
     following: Author | None = None  # its proposer
     abandoned: set[Author] = field(default_factory=set)  # proposers whose set could not be fetched
     last_commit: float = 0.0
+    voted_attempt: int | None = None  # the attempt our vote went out in
     replay: bool = False  # aggregating a round certified without us, to adopt its state (no vote)
 
     @property

@@ -39,6 +39,41 @@ def waiting_on(machine: RoundMachine, voted: frozenset[Author] = frozenset()) ->
             return "the certified state", frozenset()
 
 
+def round_clock(machine: RoundMachine, now: float) -> dict[str, Any]:
+    """How long the round's current attempt has waited here, its deadline, and what this node does
+    next, for `run status`, `run watch` and the dashboard: a stuck round says since when, until
+    when, and what happens then. Empty between rounds."""
+    work = machine.current
+    if work is None or machine.phase in (Phase.IDLE, Phase.SYNC):
+        return {}
+    deadline = machine.deadline()
+    waited = max(0.0, now - work.attempt_started)
+    usual = max(machine.durations, default=None)  # the longest recent round certified with us
+    return {"attempt": work.attempt, "waited_s": round(waited, 1), "deadline_s": round(deadline, 1),
+            "usual_s": None if usual is None else round(usual, 1),
+            "stuck": usual is not None and now - work.started > 2 * usual,
+            "next": _next_step(machine, now, waited, deadline)}
+
+
+def _next_step(machine: RoundMachine, now: float, waited: float, deadline: float) -> str:
+    if waited >= deadline:
+        return ("said the attempt passed its deadline; once more than a third of the electorate says so, the next "
+                "attempt goes on without whoever did not vote")
+    left = f"{deadline - waited:.0f} s"
+    match machine.phase:
+        case Phase.TRAIN:
+            return "commit our payload when the inner steps end"
+        case Phase.COLLECT:
+            return f"cut the round's set at the cutoff (in {max(0.0, machine.cutoff() - now):.0f} s) and propose or follow"
+        case Phase.PROPOSE if machine.current.chosen is None:
+            return f"follow the proposal whose turn it is, or propose ours once every turn passed; deadline in {left}"
+        case Phase.VOTED:
+            return (f"adopt the state once the round is certified; if the votes split, vote again at once; "
+                    f"deadline in {left}")
+        case _:
+            return f"aggregate and vote; deadline in {left}"
+
+
 def members_by_peer_id(members: Iterable[Author], me: Author, connected: Callable[[str], bool]) -> list[dict[str, Any]]:
     """The run's `members` as `run status` lists them: each one's peer ID (the name every other
     command and log line uses), its key in hex (what the run state's JSON keys are), whether it is

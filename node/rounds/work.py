@@ -85,6 +85,9 @@ class RoundWork:
     # With contribution scoring on: θ before the round's outer step, and the set aggregated on it.
     scoring_base: Any = None
     aggregated: tuple[bytes, ...] = ()
+    # The state before the round's first outer step: a vote that died with a split attempt is cast
+    # again for another set, aggregated from this state.
+    before: Any = None
     fetches: list[trio.CancelScope] = field(default_factory=list)
     tasks: list[trio.CancelScope] = field(default_factory=list)  # training, aggregation
     # Set to stop the inner steps at the next step: a cancelled thread cannot be interrupted, and

@@ -299,7 +299,11 @@ function runFacts(info, status) {
     ["Phase here", status ? badge(status.phase) : "not joined on this node"],
     ["Round / certified", status ? `${status.round} / ${status.certified}` : "—"],
     ["Members", status ? String(status.members) : "—"],
-    ["Waiting for", waiting ? `${waiting.for}${waiting.on.length ? ` (${waiting.on.length} peers)` : ""}` : "—"],
+    ["Waiting for", waiting ? `${waiting.for}${waiting.on.length ? ` (${waiting.on.length} peers` +
+      `${(waiting.unreachable || []).length ? `, ${waiting.unreachable.length} not connected` : ""})` : ""}` : "—"],
+    ["Waited", waiting && waiting.waited_s !== undefined
+      ? `${Math.round(waiting.waited_s)} s of the ${Math.round(waiting.deadline_s)} s deadline (attempt ${waiting.attempt})` : "—"],
+    ["Next", waiting && waiting.next ? waiting.next : "—"],
     ["Error", status && status.error ? status.error : "none"],
   ]));
 }
