@@ -2,8 +2,10 @@
 
 Everything here is a pure function of the facts (facts.py) and the genesis, so of the op set.
 
-- **Contributors of round r** (may commit a payload): the unbanned authors whose newest join
-  names a round ≤ r, who did not leave before r, and who are *active*: their join names one of
+- **Contributors of round r** (may commit a payload): the unbanned authors with a join in force
+  at r (their newest join naming a round ≤ r, not followed by a leave naming a round before r: a
+  join again that names a later round leaves the rounds before it as they were), and who are
+  *active*: their join names one of
   the last ACTIVITY_WINDOW rounds (r included), or they committed, voted or timed out in one of
   the ACTIVITY_WINDOW rounds before r, and were not left behind by round r-1's timeouts (round
   r-1 saw a `timeout` op, and they wrote nothing for r-1). A crashed member thus stops
@@ -107,17 +109,17 @@ def is_banned(facts: Facts, author: bytes) -> bool:
 
 def is_eligible(facts: Facts, author: bytes, round_: int) -> bool:
     """May `author` contribute to round `round_` (see the module docstring)? Bans not considered."""
-    join = facts.newest_join.get(author)
-    return join is not None and _joined_for(join, _leave(facts, author), round_) and _active(facts, author, join, round_)
+    join = join_in_force(facts, author, round_)
+    return join is not None and _active(facts, author, join, round_)
 
 
 def has_lapsed(facts: Facts, author: bytes, round_: int) -> bool:
-    """Is `author` a member whose join names a round ≤ `round_` but who is not a contributor of
-    `round_` only because it was not active? Such a member must join again to take part."""
-    join = facts.newest_join.get(author)
-    if join is None:
-        return False
-    return _joined_for(join, _leave(facts, author), round_) and not _active(facts, author, join, round_)
+    """Is `author` a member in `round_` that is not a contributor of it only because it was not
+    active, and has not joined again since? Such a member must join again to take part."""
+    join = join_in_force(facts, author, round_)
+    if join is None or facts.newest_join[author] != join:
+        return False  # not a member, or a join again is on its way (it names a later round)
+    return not _active(facts, author, join, round_)
 
 
 def contributors(facts: Facts, round_: int) -> set[bytes]:
@@ -125,14 +127,19 @@ def contributors(facts: Facts, round_: int) -> set[bytes]:
     return {a for a in facts.newest_join if not is_banned(facts, a) and is_eligible(facts, a, round_)}
 
 
-def _leave(facts: Facts, author: bytes) -> tuple[int, int]:
-    return facts.newest_leave.get(author, (NEVER, 0))
-
-
-def _joined_for(join: tuple[int, int], leave: tuple[int, int], round_: int) -> bool:
-    """Do the newest join and leave, (seq, round) each, make their author a member in `round_`?"""
-    (join_seq, first), (leave_seq, last) = join, leave
-    return first <= round_ and (leave_seq < join_seq or last >= round_)
+def join_in_force(facts: Facts, author: bytes, round_: int) -> tuple[int, int] | None:
+    """The join, (seq, round), that makes `author` a member in `round_`: its newest join naming a
+    round ≤ `round_`, unless the first leave after it names a round before `round_`; None if none
+    does. A join naming a later round (a lapsed member joining again, a member back from a pause)
+    changes nothing for the rounds before it: certificates already made stay made."""
+    named = [join for join in facts.joins_of.get(author, ()) if join[1] <= round_]
+    if not named:
+        return None
+    join = max(named)
+    after = [leave for leave in facts.leaves_of.get(author, ()) if leave[0] > join[0]]
+    if after and min(after)[1] < round_:
+        return None
+    return join
 
 
 def _active(facts: Facts, author: bytes, join: tuple[int, int], round_: int) -> bool:

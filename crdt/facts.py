@@ -96,6 +96,8 @@ class Facts:
     equivocated: set[bytes] = field(default_factory=set)
     newest_join: dict[bytes, tuple[int, int]] = field(default_factory=dict, repr=False)  # author -> (seq, round)
     newest_leave: dict[bytes, tuple[int, int]] = field(default_factory=dict, repr=False)
+    joins_of: dict[bytes, set[tuple[int, int]]] = field(default_factory=dict, repr=False)  # author -> its (seq, round)s
+    leaves_of: dict[bytes, set[tuple[int, int]]] = field(default_factory=dict, repr=False)
     _votes_by_round: dict[int, dict[bytes, set[tuple[int, bytes, bytes]]]] = field(default_factory=dict, repr=False)
     _timeouts_by_round: dict[int, dict[bytes, set[int]]] = field(default_factory=dict, repr=False)
     _commits_by_round: dict[int, dict[bytes, set[tuple[bytes, int]]]] = field(default_factory=dict, repr=False)
@@ -164,10 +166,12 @@ class Facts:
     def _add_join(self, row: tuple[bytes, int, int]) -> None:
         self.joins.add(row)
         _keep_newest(self.newest_join, row)
+        self.joins_of.setdefault(row[0], set()).add(row[1:])
 
     def _add_leave(self, row: tuple[bytes, int, int]) -> None:
         self.leaves.add(row)
         _keep_newest(self.newest_leave, row)
+        self.leaves_of.setdefault(row[0], set()).add(row[1:])
 
     def _add_vote(self, row: tuple[bytes, int, bytes, bytes, int]) -> None:
         # One vote per attempt: a member votes again in the attempt after a split (crdt/electorate.py).

@@ -104,6 +104,18 @@ def test_a_fresh_vote_from_a_member_whose_vote_stands_is_not_counted():
     assert replica.state.rounds[-1] == (2, H1)
 
 
+def test_a_join_again_that_names_a_later_round_leaves_the_certificates_before_it_alone():
+    """Found by `sim soak`: a member that lapsed and joined again (its new join naming round 24)
+    stopped counting in the electorates of every round before 24, so the certificates those rounds
+    had (its vote among them) were taken back, and every member synced back to round 5."""
+    replica = _run(MEMBERS)
+    for member in (W, X, Z):
+        replica.create(member, "vote", round=2, hash=H2)
+    assert replica.state.round == 2  # 3 of 4: Y was silent
+    replica.create(Z, "join", round=6)
+    assert replica.state.round == 2 and Z.public_key in replica.contributors(2)
+
+
 def test_two_votes_in_one_attempt_are_an_equivocation_and_two_attempts_are_not():
     replica = _run()
     replica.create(X, "vote", round=2, hash=H1, attempt=0)

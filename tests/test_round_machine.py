@@ -88,13 +88,15 @@ def test_our_own_late_commit_is_left_out_like_anyone_else_s():
 
 
 def test_the_window_grows_with_the_commit_spread_it_measured():
+    """The spread: from the first commit to the one that made more than two thirds (here the
+    second of three, at 1.5 s; the third came 1 s later and does not count)."""
     machine, _ = trained_machine(now=10.0, seconds=0.0)
-    machine.handle(seen(11.0, commits={B: (b"pb" * 16, 10)}))
-    machine.handle(seen(11.5, commits={A: (b"pa" * 16, 10), B: (b"pb" * 16, 10)}))  # spread 1.5 s
-    machine.handle(rm.Fetched(1, A, True, 11.6))
-    machine.handle(rm.Fetched(1, B, True, 11.7))
-    machine.handle(rm.Aggregated(1, H1, 11.8))
-    machine.handle(seen(11.9, certified=1, certified_hash=H1))
+    machine.handle(seen(11.5, commits={B: (b"pb" * 16, 10)}))
+    machine.handle(seen(12.5, commits={A: (b"pa" * 16, 10), B: (b"pb" * 16, 10)}))
+    machine.handle(rm.Fetched(1, A, True, 12.6))
+    machine.handle(rm.Fetched(1, B, True, 12.7))
+    machine.handle(rm.Aggregated(1, H1, 12.8))
+    machine.handle(seen(12.9, certified=1, certified_hash=H1))
     machine.handle(rm.Trained(2, b"q" * 32, 100, 0.0, 20.0))
     assert machine.cutoff() == 20.0 + 2 * 1.5
 

@@ -49,11 +49,36 @@ part in round c + 1:
    fetch fails, it syncs. A peer still aggregating when its round is certified finishes and compares the same way.
    A peer that only synced for a few rounds falls out of the contributors (the CRDT's activity
    rule, `crdt/electorate.py`); it joins again from the next round (`PublishJoin`);
-7. the run's round deadline is enforced: when the round's current attempt has lasted that long
-   on our clock without a certificate, we say so (a `timeout` op). Once more than a third of the
-   attempt's electorate said so, the next attempt's electorate keeps only those that voted or
-   said so (a crashed member leaves it), proposers take their turns again in a new order, and
-   the round can be certified without the missing.
+7. votes are per attempt (crdt/electorate.py). When the votes of an attempt leave no hash able
+   to reach a quorum (a *split*: members that aggregated different sets, after a join, a restart,
+   a proposer that handed over early), the attempt is over as soon as the votes are seen, with no
+   clock; a member whose vote died votes again in the next attempt, for the set most of the split
+   attempt's votes named (ties: the larger set, then the smaller key), fetching what it lacks;
+   members still choosing follow that set too. Once every proposer's turn passed with no set to
+   follow, a member proposes its own: its vote then ends the attempt one way or the other;
+8. the attempt's deadline is enforced: when the attempt has lasted `deadline()` on our clock (a
+   multiple of the longest recent round, within the run's round deadline) without a certificate,
+   we say so (a `timeout` op). Once more than a third of the attempt's electorate said so, the
+   next attempt's electorate keeps only those that voted or said so (a crashed member leaves it),
+   proposers take their turns again in a new order, and the round can be certified without the
+   missing. A vote stands through such an attempt (we are locked to it: two hashes can never be
+   certified for one round);
+9. if the run's history no longer holds the state we hold for REWRITE_GRACE (two sides of a
+   partition each went on, and the merged op set keeps one history), we sync to its newest
+   certified state and go on from there.
+
+Liveness. After a membership change (a join, a leave, a crash, a restart with the same identity,
+a member gone silent), every honest member converges on one set within one attempt of the
+change's round, whatever the interleaving: (a) an attempt ends either with a certificate, or
+with a split, seen from the votes alone, or with a timeout, and then the next attempt's
+electorate holds only members that answered; (b) after a split every honest member reads the
+same votes, so all choose the same set (the rule of step 7) and their votes agree, since the
+outer step is bit-exact; (c) a member that cannot fetch that set abandons it for the next
+(ABANDON_AFTER) and a silent member costs a turn, never the attempt; (d) a crash costs at most
+one attempt deadline, and only when the crashed member's vote was needed for a quorum (an
+electorate of three or fewer, or a third gone at once). A partition whose sides both hold more
+than a third of the electorate lets each side time the other out; when they meet, the op set
+decides one history and the other side's members sync to it (step 9), without a ban.
 
 Nothing here touches the network, the disk or the clock. The service (`service.py`) feeds
 in `Observation`s (what the CRDT says now, and the time) and the completions of the work the
@@ -73,6 +98,7 @@ Rules of this file
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator
@@ -372,11 +398,20 @@ class RoundMachine(Replaying):
         if not counted <= work.fetched | work.failed:
             return []  # the service bounds every fetch; a failure counts as done
         last = max((work.arrivals[a] for a in counted), default=work.first_seen)
-        self.spreads.append(last - work.first_seen)
         work.counted, work.counted_ours = frozenset(counted), work.committed_at <= cutoff
+        self.spreads.append(self._spread(work))
         work.last_commit = max(last, work.committed_at) if work.counted_ours else last
         work.closed_at, self.phase = now, Phase.PROPOSE
         return self._propose_or_follow(now)
+
+    def _spread(self, work: RoundState) -> float:
+        """From the round's first commit to the one that made more than two thirds of the commits
+        counted: one slow member (a laptop on battery, a member in a bad spell) does not stretch the
+        next rounds' windows to its pace; it misses the cutoff, and the round, instead."""
+        times = sorted([work.arrivals[a] for a in work.counted] + ([work.committed_at] if work.counted_ours else []))
+        if not times:
+            return 0.0
+        return times[math.ceil(2 * len(times) / 3) - 1] - work.first_seen
 
     def _propose_observe(self, seen: Observation) -> list[Action]:
         actions = self._propose_or_follow(seen.now)
@@ -495,7 +530,7 @@ class RoundMachine(Replaying):
 
     def window(self) -> float:
         """The cutoff window, from what every peer sees alike: the larger of a floor and twice the
-        spread of commit arrivals (first to last within the cutoff) of recent rounds."""
+        spread of commit arrivals (`_spread`) of recent rounds."""
         return max(self.timing.min_collect, 2.0 * max(self.spreads, default=0.0))
 
     def deadline(self) -> float:

@@ -1,6 +1,7 @@
 """Meeting a run's participants as a node joins: find them in the DHT, connect, and pull the run's
 CRDT state from them, so that the join op builds on the run as it is (a stale view could fork our
-own ops). `RoundService.join` (service.py) calls it before writing the join.
+own ops). `RoundService.join` (service.py) calls it before writing the join; a participation
+resumed after a restart catches up (`catch_up`) before its round machine acts.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from locomesh.node.runtime import DialError, Node
 logger = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT = 10.0
+CATCH_UP_SECONDS = 30.0
+CATCH_UP_RETRY = 1.0
 
 
 async def meet_participants(node: Node, discovery: Discovery, crdt: CrdtService, run_id: bytes,
@@ -43,6 +46,27 @@ async def meet_participants(node: Node, discovery: Discovery, crdt: CrdtService,
         async with trio.open_nursery() as pulls:
             for peer in node.host.get_connected_peers():
                 pulls.start_soon(_pull_quietly, crdt, str(peer), run_id)
+
+
+async def catch_up(node: Node, crdt: CrdtService, run_id: bytes, *, patience: float = CATCH_UP_SECONDS) -> bool:
+    """Pull the run's state from one connected peer that has it, trying each in turn (and waiting
+    for connections) for up to `patience` seconds; whether a pull went through. A node restarted on
+    an old op log calls it before its round machine acts: otherwise it commits, times out or joins
+    for rounds the run left long ago, and such ops change the electorates of those rounds after the
+    fact (crdt/view.py): a certificate can be taken back."""
+    with trio.move_on_after(patience):
+        while True:
+            for peer in node.host.get_connected_peers():
+                with trio.move_on_after(CONNECT_TIMEOUT):
+                    try:
+                        await crdt.pull(str(peer), run_id)
+                        return True
+                    except Exception as error:  # noqa: BLE001 - a peer without the run or a broken stream
+                        logger.debug("catch-up pull of %s from %s failed: %s", short_run_id(run_id), peer, error)
+            await trio.sleep(CATCH_UP_RETRY)
+    logger.info("run %s: no peer to catch up from within %.0f s; going on with the state held", short_run_id(run_id),
+                patience)
+    return False
 
 
 async def _connect_quietly(node: Node, info: Any) -> None:

@@ -43,6 +43,7 @@ from locomesh.training.run_settings import ParticipantError, TrainingDiverged
 from locomesh.node.datasets.service import RunData
 from locomesh.node.files import atomic_write
 from locomesh.node.rounds import machine as rm
+from locomesh.node.rounds.meeting import catch_up
 from locomesh.node.rounds.payloads import PayloadExchange
 from locomesh.node.rounds.scoring import RoundScorer
 from locomesh.node.rounds.states import StateKeeper
@@ -93,6 +94,7 @@ class RunParticipation:
         self.payloads_sent = 0
         self.initial_eval: dict[str, Any] = {}
         self.failure: str | None = None  # set when the participation stopped on an error
+        self.resuming = False  # taken up again at a start: catch the run up before acting (`run`)
         self.banned: str | None = None  # why, once the run banned our key (the participation stopped)
         self.paused = False  # `run pause`: sit rounds out until `run resume` (the service sets it)
         self.schedule: Callable[[], str | None] = lambda: None  # why the node's schedule sits rounds out now, or None
@@ -115,6 +117,8 @@ class RunParticipation:
         self.scoring = RoundScorer(replica, participant, self.me, compute, crdt)
 
     async def run(self) -> None:
+        if self.resuming:  # our op log may be far behind the run: see `catch_up`
+            await catch_up(self.node, self.crdt, self.run_id)
         if self.participant.evaluation_due():
             async with self._compute:
                 self.initial_eval = await self.compute(self.participant.evaluate)

@@ -187,6 +187,7 @@ class RoundService:
             archive=self.archive, data=data,
         )
         participation.paused = replica.run_id in self.paused
+        participation.resuming = resuming
         schedule = self.schedule
         if schedule is not None and not schedule.always:
             participation.schedule = lambda: schedule.reason_to_sit_out(datetime.now())  # local time, as configured
