@@ -103,6 +103,9 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator
 
+from locomesh.node.rounds.attempts import (  # noqa: F401 - re-exported
+    DEADLINE_FACTOR, DURATION_HISTORY, MIN_DEADLINE, REWRITE_GRACE, WORKING, Attempts,
+)
 from locomesh.node.rounds.replay import Replaying
 from locomesh.node.rounds.state import MIN_COLLECT_SECONDS, RoundState, Timing  # noqa: F401 - re-exported
 from locomesh.node.rounds.orders import first_round_to_join, proposer_order, state_stewards  # noqa: F401 - re-exported
@@ -119,20 +122,16 @@ MAX_REFETCH_PAUSE = 8.0
 PATIENCE = 5  # windows a proposer that committed this round gets before the next one takes over
 ABANDON_AFTER = 3  # failed fetches of one payload of the followed proposal before we give that proposal up
 SPREAD_HISTORY = 3
-DURATION_HISTORY = 8  # rounds whose length (start to certificate, here) sets the attempt deadline
-DEADLINE_FACTOR = 3.0  # an attempt may last this many times the longest recent round...
-MIN_DEADLINE = 30.0  # ...but never less than this, and never more than the run's round deadline
-REWRITE_GRACE = 10.0  # seconds the run's history must leave out our state before we go back to it
-WORKING = frozenset({Phase.TRAIN, Phase.COLLECT, Phase.PROPOSE, Phase.REPLAY, Phase.AGGREGATE, Phase.VOTED})
 
 
 class ImpossibleEvent(RuntimeError):
     """An event the round protocol cannot take in the phase the machine is in (see `TRANSITIONS`)."""
 
 
-class RoundMachine(Replaying):
+class RoundMachine(Replaying, Attempts):
     """One peer's round protocol in one run. See the module docstring; replaying a round certified
-    without us is `replay.Replaying`'s."""
+    without us is `replay.Replaying`'s, an attempt's end (split, deadline, a rewritten history) and
+    the vote cast again after a split `attempts.Attempts`'."""
 
     def __init__(self, me: Author, *, state_round: int = 0, state_hash: bytes | None = None, timing: Timing | None = None):
         self.me = me
@@ -207,26 +206,6 @@ class RoundMachine(Replaying):
         self.awaiting_retry = False
         return [*actions, StartSync(seen.certified, seen.certified_hash)]
 
-    def _rewritten(self, seen: Observation) -> list[Action] | None:
-        """Two sides of a partition can each certify rounds on their own (each side more than a
-        third of an electorate that timed out the other); once they meet, the merged op set holds
-        one history, the same on every replica, and it may not be ours. Sync to its newest
-        certified state and go on from there: a rewritten history costs rounds, never the run."""
-        ours = (self.state_round, self.state_hash)
-        if seen.certified == 0 or ours == (seen.certified, seen.certified_hash) or self.phase is Phase.SYNC:
-            self.rewritten_since = None
-            return None
-        # An op of an old round that arrives late can take a certificate back for a moment (crdt/view.py).
-        if self.rewritten_since is None:
-            self.rewritten_since = seen.now
-        if seen.now - self.rewritten_since < REWRITE_GRACE:
-            return None
-        self.rewritten_since = None
-        actions: list[Action] = [] if self.current is None else [Discard(self.current.number)]
-        self.phase, self.current = Phase.SYNC, RoundState(seen.certified, seen.now)
-        self.awaiting_retry = False
-        return [*actions, StartSync(seen.certified, seen.certified_hash)]
-
     def _idle_observe(self, seen: Observation) -> list[Action]:
         next_round = self.state_round + 1
         if seen.certified != self.state_round:
@@ -258,29 +237,6 @@ class RoundMachine(Replaying):
             return []
         self.left_at = seen.certified
         return [PublishLeave(seen.certified)]
-
-    def _watch_deadline(self, seen: Observation) -> list[Action]:
-        """Follow the round's attempts, and say when the current one passed the run's round
-        deadline on our clock: more than a third of the electorate saying so starts the next
-        attempt, whose electorate leaves out whoever did not show up (crdt/electorate.py)."""
-        work = self.current
-        if work is None or self.phase not in WORKING or work.number != seen.certified + 1:
-            return []
-        if seen.attempt > work.attempt:
-            self._new_attempt(seen)
-        if seen.now < work.attempt_started + self.deadline() or work.attempt in work.timed_out:
-            return []
-        work.timed_out.add(work.attempt)
-        return [PublishTimeout(work.number, work.attempt)]
-
-    def _new_attempt(self, seen: Observation) -> None:
-        """The electorate changed: proposers take their turns again, in the new attempt's order,
-        from now; a proposal we gave up on gets another chance (its payloads may be served now)."""
-        work = self.current
-        work.attempt, work.attempt_started = seen.attempt, seen.now
-        work.abandoned.clear()
-        if self.phase is Phase.PROPOSE:
-            work.closed_at = seen.now
 
     def _watch_commits(self, seen: Observation) -> list[Action]:
         """Note the time of every new commit of the round and start fetching its payload."""
@@ -350,19 +306,6 @@ class RoundMachine(Replaying):
         work.voted_attempt = work.attempt
         return [PublishVote(done.round, done.state_hash, work.following, work.attempt)]
 
-    def _voted_observe(self, seen: Observation) -> list[Action]:
-        """Our vote died if the attempt it stood in split (no hash could reach a quorum there): vote
-        again in the attempt under way, for the set its members converge on (`_propose_or_follow`).
-        An attempt that only timed out keeps our vote standing: we are locked to it."""
-        work = self.current
-        if work.voted_attempt is None or seen.attempt <= work.voted_attempt or self.me in seen.standing:
-            return []
-        self.phase, self.voted_hash = Phase.PROPOSE, None
-        work.chosen = work.following = work.voted_attempt = None
-        work.closed_at = seen.now
-        work.failed |= set(work.arrivals) - work.fetched  # fetches still out were dropped when we aggregated
-        return self._propose_or_follow(seen.now)
-
     def _compare_with_certificate(self, done: Aggregated, seen: Observation) -> list[Action]:
         """The round was certified while we aggregated (or replayed it): adopt our result if it is
         the certified state, else sync to that state. No vote: the certificate needs none."""
@@ -421,8 +364,10 @@ class RoundMachine(Replaying):
         return actions
 
     def _propose_or_follow(self, now: float) -> list[Action]:
-        """Follow the first acceptable proposal in proposer order whose turn has come (switching
-        to it if we followed a later one), or publish ours when our turn comes with none before it."""
+        """After a split, follow the set the split's votes converge on (`_converged`); else the
+        first acceptable proposal in proposer order whose turn has come (switching to it if we
+        followed a later one), or publish ours when our turn comes with none before it, or once
+        every turn passed with none to follow."""
         work, seen = self.current, self.last
         converged = self._converged()
         if converged is not None:
@@ -445,17 +390,6 @@ class RoundMachine(Replaying):
         if work.chosen is None and self.me in seen.electorate and self.me not in seen.proposals and (own := self._own_set()):
             return self._propose(own)
         return []
-
-    def _converged(self) -> Author | None:
-        """After a split attempt: the proposer whose set most of its votes named (ties: the larger
-        set, then the smaller key), if we can still follow that set. Every honest member reads the
-        same votes once the attempt split, so they all vote for one set in the next attempt."""
-        work, seen = self.current, self.last
-        candidates = [p for p in seen.split_votes
-                      if p in seen.proposals and p not in work.abandoned and set(seen.proposals[p]) <= {*seen.commits, self.me}]
-        if not candidates:
-            return None
-        return min(candidates, key=lambda p: (-seen.split_votes[p], -len(seen.proposals[p]), p))
 
     def _propose(self, own: tuple[Author, ...]) -> list[Action]:
         return [PublishProposal(self.current.number, own), *self._follow(self.me, own)]
@@ -532,15 +466,6 @@ class RoundMachine(Replaying):
         """The cutoff window, from what every peer sees alike: the larger of a floor and twice the
         spread of commit arrivals (`_spread`) of recent rounds."""
         return max(self.timing.min_collect, 2.0 * max(self.spreads, default=0.0))
-
-    def deadline(self) -> float:
-        """How long an attempt may last here before we say it timed out: DEADLINE_FACTOR times the
-        longest of the recent rounds certified with us, within [MIN_DEADLINE, the run's round
-        deadline] (the run's deadline until a few rounds were seen). A run of fast members does
-        not wait the run's whole deadline on one that is gone; a run of slow ones is not cut short."""
-        if len(self.durations) < 3:
-            return self.timing.round_deadline
-        return min(self.timing.round_deadline, max(MIN_DEADLINE, DEADLINE_FACTOR * max(self.durations)))
 
     def cutoff(self) -> float:
         """The round's cutoff: first commit seen plus the window, capped by half of what is left of
