@@ -31,7 +31,7 @@ def test_ten_minutes_of_churn_among_six_members():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", [2, 3, 4])
+@pytest.mark.parametrize("seed", [4])
 def test_half_an_hour_of_churn_over_seeds(seed):
     _check(soak.run(nodes=6, seed=seed, hours=0.5, churn=3.0))
 

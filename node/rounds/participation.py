@@ -300,8 +300,8 @@ class RunParticipation:
                         logger.info("round %d: voting again in attempt %d (the attempt before split)", r, attempt)
                     self.crdt.write(self.run_id, "vote", round=r, hash=state_hash, attempt=attempt, **fields)
                 case rm.PublishTimeout(round=r, attempt=attempt):
-                    logger.warning("round %d: attempt %d passed the round deadline (%.0f s) uncertified; waiting for %s",
-                                   r, attempt, self.machine.timing.round_deadline, self._waiting_text())
+                    logger.warning("round %d: attempt %d passed its deadline (%.0f s) uncertified; waiting for %s",
+                                   r, attempt, self.machine.deadline(), self._waiting_text())
                     self.crdt.write(self.run_id, "timeout", round=r, attempt=attempt)
                 case rm.StartSync(round=r, state_hash=state_hash):
                     for scope in self.syncs:
