@@ -226,11 +226,6 @@ def split_votes(history: list[Attempt]) -> dict[bytes, int]:
     return dict(Counter(proposer for _hash, proposer in split.standing.values() if proposer))
 
 
-def attempts(facts: Facts, round_: int, first: frozenset[bytes]) -> list[frozenset[bytes]]:
-    """The electorates of `round_`'s attempts so far, attempt 0 (`first`) first."""
-    return [attempt.electorate for attempt in round_history(facts, round_, first)]
-
-
 def certify(facts: Facts, round_: int, history: list[Attempt]) -> Certificate | None:
     """The certificate of `round_`: the first attempt in which more than two thirds of the
     electorate have a standing vote for one hash (unique: see the module docstring), or None."""

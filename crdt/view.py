@@ -51,7 +51,7 @@ from typing import Any
 from locomesh.protocol import unpack
 
 from .electorate import (  # noqa: F401 - re-exported: the view's questions are asked through here
-    ACTIVITY_WINDOW, NEVER, Attempt, Certificate, attempts, banned, certify, contributors, first_electorate,
+    ACTIVITY_WINDOW, NEVER, Attempt, Certificate, banned, certify, contributors, first_electorate,
     has_lapsed, is_banned, is_eligible, is_quorum, round_history,
 )
 from .facts import Facts

@@ -14,7 +14,7 @@ import pytest
 from locomesh.cli.daemon_process import DaemonProcess
 from locomesh.cli.swarm_cmd import create_run, join, start_swarm, wait_connected
 
-from .test_attacks_crash_restart import _status, _wait_all, _wait_status
+from .test_attacks_crash_restart import _status, _wait_status
 
 pytestmark = pytest.mark.slow
 
@@ -45,12 +45,6 @@ def _follow(daemons, run_id: str, certified: dict[int, float], predicate, timeou
             return statuses
         time.sleep(0.2)
     raise AssertionError(f"timed out: {[s and (s['phase'], s['round'], s['certified'], s['waiting']) for s in statuses]}")
-
-
-def _contributed_after(status: dict, round_number: int, key: str) -> bool:
-    """Did a certified round after `round_number` accept the payload of the member with `key`?"""
-    return any(record["round"] > round_number and not record["synced"] for record in status["history"]) and \
-        status["contributions"].get(key, 0) > 0
 
 
 def test_a_join_into_a_run_of_one_and_a_restart_of_one_of_two_cost_no_deadline(tmp_path):

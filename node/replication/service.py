@@ -234,6 +234,10 @@ class CrdtService:
         self._outbox[run_id].extend(sealed)
         return sealed
 
+    def has_pulled(self, run_id: bytes) -> bool:
+        """Has a pull of `run_id` from a peer gone through since the run was opened here?"""
+        return run_id in self._pulled
+
     def ban_reason(self, run_id: bytes) -> str | None:
         """Why this node's key is banned in `run_id`, or None if it is not (or the run is not replicated)."""
         return self._bans.get(run_id)

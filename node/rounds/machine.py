@@ -101,11 +101,12 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterable
 
 from locomesh.node.rounds.attempts import (  # noqa: F401 - re-exported
     DEADLINE_FACTOR, DURATION_HISTORY, MIN_DEADLINE, REWRITE_GRACE, WORKING, Attempts,
 )
+from locomesh.node.rounds.proposing import PATIENCE, Proposing  # noqa: F401 - re-exported
 from locomesh.node.rounds.replay import Replaying
 from locomesh.node.rounds.state import MIN_COLLECT_SECONDS, RoundState, Timing  # noqa: F401 - re-exported
 from locomesh.node.rounds.orders import first_round_to_join, proposer_order, state_stewards  # noqa: F401 - re-exported
@@ -119,7 +120,6 @@ from locomesh.node.rounds.events import (  # noqa: F401 - re-exported: callers i
 
 RETRY_SECONDS = 1.0
 MAX_REFETCH_PAUSE = 8.0
-PATIENCE = 5  # windows a proposer that committed this round gets before the next one takes over
 ABANDON_AFTER = 3  # failed fetches of one payload of the followed proposal before we give that proposal up
 SPREAD_HISTORY = 3
 
@@ -128,10 +128,11 @@ class ImpossibleEvent(RuntimeError):
     """An event the round protocol cannot take in the phase the machine is in (see `TRANSITIONS`)."""
 
 
-class RoundMachine(Replaying, Attempts):
+class RoundMachine(Replaying, Attempts, Proposing):
     """One peer's round protocol in one run. See the module docstring; replaying a round certified
     without us is `replay.Replaying`'s, an attempt's end (split, deadline, a rewritten history) and
-    the vote cast again after a split `attempts.Attempts`'."""
+    the vote cast again after a split `attempts.Attempts`'; whose set to follow or propose
+    `proposing.Proposing`'s."""
 
     def __init__(self, me: Author, *, state_round: int = 0, state_hash: bytes | None = None, timing: Timing | None = None):
         self.me = me
@@ -362,68 +363,6 @@ class RoundMachine(Replaying, Attempts):
             work = self.current
             actions += self._refetch(seen.now, work.chosen if work.chosen is not None else work.counted)
         return actions
-
-    def _propose_or_follow(self, now: float) -> list[Action]:
-        """After a split, follow the set the split's votes converge on (`_converged`); else the
-        first acceptable proposal in proposer order whose turn has come (switching to it if we
-        followed a later one), or publish ours when our turn comes with none before it, or once
-        every turn passed with none to follow."""
-        work, seen = self.current, self.last
-        converged = self._converged()
-        if converged is not None:
-            proposal = seen.proposals[converged]
-            return [] if proposal == work.chosen else self._follow(converged, proposal)
-        turns = list(self.turns())
-        for proposer, starts, ends in turns:
-            proposal = seen.proposals.get(proposer)
-            if proposal is not None and self._acceptable(proposal, seen):
-                return [] if proposal == work.chosen else self._follow(proposer, proposal)
-            if proposal is None and proposer == self.me and work.chosen is None and now >= starts:
-                # the last proposer proposes anyway: its vote may be the quorum (round 1's creator)
-                if (own := self._own_set()) and (self._acceptable(own, seen) or proposer == turns[-1][0]):
-                    return self._propose(own)
-                continue
-            if now < ends:
-                return []  # still this proposer's turn
-        # Every turn passed with no set to follow: a vote for our own set still ends the attempt
-        # (a split), and the next one converges on the set most votes named.
-        if work.chosen is None and self.me in seen.electorate and self.me not in seen.proposals and (own := self._own_set()):
-            return self._propose(own)
-        return []
-
-    def _propose(self, own: tuple[Author, ...]) -> list[Action]:
-        return [PublishProposal(self.current.number, own), *self._follow(self.me, own)]
-
-    def _own_set(self) -> tuple[Author, ...]:
-        """What we would propose: the commits we counted by our cut whose payloads we hold now
-        (a set we can serve whole), and ours if it was in by then. It grows as payloads that
-        failed under load are fetched again (`_refetch`)."""
-        work = self.current
-        return tuple(sorted((work.counted & work.fetched) | ({self.me} if work.counted_ours else set())))
-
-    def turns(self) -> Iterator[tuple[Author, float, float]]:
-        """(proposer, its turn's start, its end) in proposer order, from our cut on. The order is
-        over the electorate, which every peer sees alike (who has committed is not: peers that
-        ordered different candidates would wait for different proposers). A proposer whose set
-        we gave up on (`_abandon`) has had its turn."""
-        work, seen = self.current, self.last
-        starts = work.closed_at
-        for proposer in proposer_order(work.number, work.seed, seen.electorate, work.attempt):
-            if proposer not in work.abandoned:
-                ends = starts + self._turn(proposer, seen)
-                yield proposer, starts, ends
-                starts = ends
-
-    def _turn(self, proposer: Author, seen: Observation) -> float:
-        """How long `proposer` may take to propose before the next one's turn."""
-        return self.window() * (PATIENCE if proposer in seen.commits and proposer not in seen.unreachable else 1)
-
-    def _acceptable(self, proposal: tuple[Author, ...], seen: Observation) -> bool:
-        """Every author named committed, and more than half of the electorate is named (a rule
-        that does not depend on anyone's timing, so every honest peer decides alike; and a set of
-        keys that merely joined cannot outweigh the members who earned their say)."""
-        named = set(proposal)
-        return named <= {*seen.commits, self.me} and 2 * len(named & seen.electorate) > len(seen.electorate)
 
     def _follow(self, proposer: Author, proposal: tuple[Author, ...]) -> list[Action]:
         work = self.current
