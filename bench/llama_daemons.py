@@ -24,6 +24,7 @@ exits 1 if the loss did not fall every round, the hashes differ or a daemon did 
 
     .venv/bin/python bench/llama_daemons.py                 # 3 daemons, 6 rounds (1-2 minutes)
     .venv/bin/python bench/llama_daemons.py --nodes 4 --rounds 10 --inner-steps 50
+    .venv/bin/python bench/llama_daemons.py --nodes 2 --device cuda:0   # both daemons on one GPU
 """
 
 from __future__ import annotations
@@ -64,6 +65,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--vocab", type=int, default=2048, help="the BPE tokenizer's vocabulary")
     parser.add_argument("--shard-tokens", type=int, default=4096)
     parser.add_argument("--log", default=None, help="write the daemons' logs to this file")
+    parser.add_argument("--device", default=None, metavar="SPEC",
+                        help="every daemon's `node start --device` (cpu, cuda:0, ...; default: the node's own, auto)")
     return parser.parse_args()
 
 
@@ -123,7 +126,8 @@ def main() -> None:
         packed = corpus.pack_into(root / "node0" / CHECKPOINT_DIR)  # node 0 holds the dataset from the start
         pack_seconds = time.perf_counter() - started
         log = open(args.log, "wb") if args.log else subprocess.DEVNULL
-        daemons = start_swarm(root, args.nodes, log=log)
+        device_args = {index: ["--device", args.device] for index in range(args.nodes)} if args.device else None
+        daemons = start_swarm(root, args.nodes, log=log, extra_args=device_args)
         try:
             wait_connected(daemons)
             up_seconds = time.perf_counter() - started
@@ -159,6 +163,7 @@ def main() -> None:
     meta = {
         **machine(),
         "nodes": args.nodes,
+        "device": args.device or "auto",
         "rounds": args.rounds,
         "run_settings": {key: value for key, value in settings.items() if key != "dataset"},
         "dataset": packed.id.hex(),

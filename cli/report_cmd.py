@@ -28,6 +28,7 @@ from typing import Any
 from .client import EXIT_ERROR, EXIT_OK, EXIT_USAGE, DaemonNotRunning, RpcCallError, RpcClient
 from .common import add_run_action, data_dir_of, fail, no_daemon, peer_name
 from .plots import RoundPoint, Series, draw, markdown_section
+from .run_view import score_text
 
 RPC_TIMEOUT = 30.0
 WAITING = "waiting on peers (commits, cutoff, votes)"
@@ -109,7 +110,8 @@ def series_from_status(status: dict[str, Any]) -> Series:
         bytes_axis="MiB of payloads this node published (cumulative)",
         contributions={_member(key): count for key, count in (status.get("contributions") or {}).items()},
         contribution_rounds=min(status["certified"], CONTRIBUTION_HISTORY),
-        scores={_member(key): scores["mean"] for key, scores in (status.get("scores") or {}).items()},
+        scores={_member(key): scores["mean"] for key, scores in (status.get("scores") or {}).items()
+                if scores["mean"] is not None},  # not known yet: no bar, and "—" in the table
         no_loss="no round this node finished has an eval loss",
     )
 
@@ -151,7 +153,7 @@ def summary_markdown(status: dict[str, Any], series: Series) -> str:
                   f"Certified rounds (of the newest {series.contribution_rounds}) whose certified set held the member's "
                   "payload, and its mean contribution score where the run measures scores.", "",
                   "| member | rounds | mean score |", "|---|---|---|"]
-        lines += [f"| {member} | {count} | {_score(series.scores.get(member))} |"
+        lines += [f"| {member} | {count} | {score_text(series.scores.get(member))} |"
                   for member, count in sorted(series.contributions.items())]
     return "\n".join(lines) + "\n"
 
@@ -183,5 +185,3 @@ def _loss_text(status: dict[str, Any], records: list[dict[str, Any]]) -> str:
     return f"{start} → {last['eval_loss']:.4f} after round {last['round']}{floor}"
 
 
-def _score(value: float | None) -> str:
-    return "-" if value is None else f"{value:+.4f}"

@@ -2,10 +2,12 @@
 
 Reads the node's data dir directly (the run's manifest, its op log, the checkpoint store), read
 only, so it works whether or not the daemon runs (`locomesh.node.rounds.audit` says why that is
-safe). One line per round: ok, MISMATCH (the certificate does not follow from its contributions:
-its signers are named; that is evidence against them), or missing (payloads or states this node
-does not hold: an archive node, `node start --archive`, keeps them all). With `--fetch` the running
-daemon downloads what was missing from peers (`checkpoint.fetch`), and the audit runs again.
+safe). One line per round: ok, MISMATCH (the certificate does not follow from the sets its
+electorate proposed: its signers are named; that is evidence against them; a proposed set naming an
+author with no commit is bogus and named in the note, never a reason for missing), or missing
+(payloads or states this node does not hold: an archive node, `node start --archive`, keeps them
+all). With `--fetch` the running daemon downloads what was missing from peers
+(`checkpoint.fetch`), and the audit runs again.
 
 Exit status: 0 when no round mismatched (missing rounds included: nothing was proved), 1 when one
 did, or when the audit cannot start (a run this node does not know), 2 for bad arguments.

@@ -36,4 +36,5 @@ def paused_line(result: dict[str, Any]) -> str:
 
 
 def resumed_line(result: dict[str, Any]) -> str:
-    return f"run {result['run_id']} resumed: this node contributes again from the next round"
+    return (f"run {result['run_id']} resumed at round {result['round']}: this node contributes again from the "
+            "next round it can join")

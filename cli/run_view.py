@@ -180,6 +180,11 @@ def _score_lines(status: dict[str, Any]) -> list[str]:
     scores = status.get("scores") or {}
     lines = ["  contribution scores (loss change applied alone; newest rounds):"] if scores else []
     for member, history in sorted(scores.items()):
-        rounds = ", ".join(f"r{row['round']} {row['score']:+.4f}" for row in history["rounds"])
-        lines.append(f"    {peer_name(member)}  mean {history['mean']:+.4f}  {rounds}")
+        rounds = ", ".join(f"r{row['round']} {score_text(row['score'])}" for row in history["rounds"])
+        lines.append(f"    {peer_name(member)}  mean {score_text(history['mean'])}  {rounds}")
     return lines
+
+
+def score_text(score: float | None) -> str:
+    """A contribution score as shown: signed, or "—" while it is not known (crdt/scores.py)."""
+    return "—" if score is None else f"{score:+.4f}"

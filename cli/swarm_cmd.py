@@ -86,7 +86,8 @@ def start_swarm(root: Path, count: int, *, log: Any = None, extra_args: dict[int
     extra_args = extra_args or {}
     # Several daemons share this machine's cores: one torch thread each, or their OpenMP threads
     # spin against each other and a round of inner steps takes many times longer (README, Measured figures).
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    # They dial one another on loopback: a node's dial-backs and punches go there only when allowed.
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "LOCOMESH_PRIVATE_ADDRESSES": "on"}
     first = DaemonProcess(root / "node0", log=log, extra_args=extra_args.get(0, ()), env=env).start()
     status = first.wait_ready()
     daemons = [first]

@@ -6,8 +6,8 @@ and a dict lookup, which is the cache of verified op IDs; the other ops of a sea
 skip the signature check (`SealCache`). If all its dependencies are applied, it is applied
 now; otherwise it waits in the bounded pending buffer (pending.py) and every op it releases
 is applied in turn. Applying checks what depends on the causal past (the `seq` rule,
-evidence, and what one author may write: members only, a few ops per round, rounds close to
-the run's; limits.py), records the op's facts (facts.py) and updates the heads. An
+evidence, and what one author may write: members only, a few ops per round and a budget per
+window of rounds, rounds backed by other members' votes; limits.py), records the op's facts (facts.py) and updates the heads. An
 authenticated op that fails is rejected with a `ProtocolError`, remembered by ID (bounded), and every op waiting on
 it is rejected too; bytes that fail before their seal proved the author are refused and
 forgotten, since the ID names only the content and a good copy may follow. No step reads a
@@ -81,7 +81,7 @@ class Replica:
         self._max_rejected = max_rejected
         self._seen_seq: dict[tuple[bytes, int], OpId] = {}  # first op per (author, seq), applied or waiting
         self._newest: dict[bytes, tuple[int, OpId]] = {}  # author -> its newest applied (seq, id)
-        self.limits = Limits()  # what each author may still write (limits.py)
+        self.limits = Limits(genesis.trusted)  # what each author may still write (limits.py)
         self._state: RunState | None = None
         self._seals = SealCache()
         # Called (no arguments) after every op applied: how a reader waits for news without polling.
@@ -99,7 +99,7 @@ class Replica:
         """
         replica = cls(genesis, **limits)
         replica.facts = facts
-        replica.limits = Limits.covering(facts)
+        replica.limits = Limits.covering(facts, genesis.trusted)
         replica._heads = set(heads)
         for op, (author, seq, _depth) in facts.ops.items():
             replica._seen_seq.setdefault((author, seq), op)
@@ -241,14 +241,15 @@ class Replica:
         author = identity.public_key
         seq, newest = self._newest.get(author, (0, None))
         parents = self._parents_for(newest)
-        link, horizon = None if newest is None else self.limits.link(newest), self.limits.horizon(parents)
+        link, backing = None if newest is None else self.limits.link(newest), self.limits.backing(parents)
         contents = []
         for op_type, fields in ops:
             self._check_writer(author, op_type)
-            link = self.limits.next_link(op_type, fields, link, horizon)
-            horizon = link.horizon
+            content = op_content(author, self.run_id, f"crdt.{op_type}", parents, seq + 1, **fields)
+            link = self.limits.next_link(op_type, fields, link, backing, author, len(content))
+            backing = link.backing
             seq += 1
-            contents.append(op_content(author, self.run_id, f"crdt.{op_type}", parents, seq, **fields))
+            contents.append(content)
             parents = [content_id(contents[-1])]
         sealed = seal_ops(identity, self.run_id, contents)
         for data in sealed:

@@ -16,8 +16,9 @@ they are the measurers' signed word. What counts, a pure function of the facts:
   key's score op is kept in the DAG (it is a valid op of a member) and counts for nothing, as a
   vote from outside the electorate does;
 - of a report, only the entries for r's accepted contributions;
-- per contribution, the median of the counted reports: with three measurers one liar cannot
-  move it beyond the honest ones' range.
+- per contribution, the median of the counted reports, once at least MIN_REPORTS of them count:
+  with three one liar cannot move it beyond the honest ones' range. Fewer, and the score is not
+  known (None, shown as "—"): the median of two is their mean, which one liar sets.
 
 Two different reports by one member for one round are an equivocation (facts.py): a ban.
 Scores only inform (`run status`); they change no aggregate and no certificate.
@@ -34,6 +35,7 @@ from .facts import Facts
 from .view import RunState
 
 SCORING_COMMITTEE = 3  # measurers per round: a median of three outvotes one liar
+MIN_REPORTS = 3  # counted reports a contribution's score needs (module docstring)
 SCORE_HISTORY = 10  # certified rounds `run status` shows scores for
 CONTRIBUTION_HISTORY = 100  # certified rounds `run status` counts accepted contributions over (as its history)
 
@@ -54,9 +56,10 @@ def to_units(score: float) -> int:
     return max(-MAX_SCORE, min(MAX_SCORE, round(score * SCORE_UNIT)))
 
 
-def round_scores(facts: Facts, state: RunState, round_: int) -> dict[bytes, float]:
-    """Accepted contributor of certified round `round_` -> the median of the counted reports of
-    its score (module docstring); {} if the round is not certified or nobody counted reported."""
+def round_scores(facts: Facts, state: RunState, round_: int) -> dict[bytes, float | None]:
+    """Accepted contributor of certified round `round_` that a counted report scores -> the
+    median of the counted reports of its score, None while fewer than MIN_REPORTS count (module
+    docstring); {} if the round is not certified or nobody counted reported."""
     certificate = state.certificates.get(round_)
     if certificate is None:
         return {}
@@ -70,12 +73,14 @@ def round_scores(facts: Facts, state: RunState, round_: int) -> dict[bytes, floa
         for author, value in zip(authors, values):
             if author in certificate.accepted:
                 measured.setdefault(author, []).append(value)
-    return {author: statistics.median(values) / SCORE_UNIT for author, values in measured.items()}
+    return {author: statistics.median(values) / SCORE_UNIT if len(values) >= MIN_REPORTS else None
+            for author, values in measured.items()}
 
 
-def score_history(facts: Facts, state: RunState, last: int = SCORE_HISTORY) -> dict[bytes, list[tuple[int, float]]]:
-    """Member -> its (round, score) over the newest `last` certified rounds, oldest first."""
-    history: dict[bytes, list[tuple[int, float]]] = {}
+def score_history(facts: Facts, state: RunState,
+                  last: int = SCORE_HISTORY) -> dict[bytes, list[tuple[int, float | None]]]:
+    """Member -> its (round, score or None: not known) over the newest `last` certified rounds, oldest first."""
+    history: dict[bytes, list[tuple[int, float | None]]] = {}
     for round_ in range(max(1, state.round - last + 1), state.round + 1):
         for author, score in sorted(round_scores(facts, state, round_).items()):
             history.setdefault(author, []).append((round_, score))
@@ -83,15 +88,20 @@ def score_history(facts: Facts, state: RunState, last: int = SCORE_HISTORY) -> d
 
 
 def scores_json(facts: Facts, state: RunState, last: int = SCORE_HISTORY) -> dict[str, dict]:
-    """`score_history` for RPC and the CLI: member (hex) -> {"rounds": [{round, score}], "mean"}."""
+    """`score_history` for RPC and the CLI: member (hex) -> {"rounds": [{round, score}], "mean"};
+    a score not known is None, and so is the mean of none known (the mean is of those known)."""
     history = score_history(facts, state, last)
     return {
         author.hex(): {
             "rounds": [{"round": round_, "score": score} for round_, score in rows],
-            "mean": sum(score for _round, score in rows) / len(rows),
+            "mean": _mean([score for _round, score in rows if score is not None]),
         }
         for author, rows in sorted(history.items())
     }
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
 
 
 def accepted_counts(state: RunState, last: int = CONTRIBUTION_HISTORY) -> dict[bytes, int]:

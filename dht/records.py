@@ -20,9 +20,19 @@ The directory is found without knowing any run ID: a run's card keepers
 provide the well-known key ``/locomesh/directory/<epoch>/<shard>``, where the
 epoch is the hour (`DIRECTORY_EPOCH`) and the shard comes from the run ID;
 a browser asks the providers of every shard of the current epoch. A holder
-keeps at most 20 providers per key, first come (py-libp2p), and keeps them
-48 h: a fresh key each hour means a keeper that left drops out of the list
-within the hour, and shards give the directory room for more runs.
+keeps at most 20 providers per key, first come, and ignores later ones
+(py-libp2p), and keeps them 48 h: a fresh key each hour means a keeper that
+left drops out of the list within the hour, and shards give the directory
+room for more runs. Since the keys are predictable, whoever provides a key
+first holds its slots: keepers therefore provide each epoch's key
+`DIRECTORY_LEAD` ahead (`keeper_epochs`), so a keeper that has been up that
+long is in a key's list before anyone who starts racing for it later, and a
+browser reads every shard's providers (node/runs/directory.py), so a stranger
+that fills some slots of a shard leaves the other slots, and the other shards,
+to the keepers. What it does not stop: someone who provides every shard's key
+with 20 identities before the keepers do (more than `DIRECTORY_LEAD` ahead,
+or before a new run's keepers start) hides those keepers for that epoch; a
+holder-side policy (keep the providers a browser can verify) would be needed.
 
 Every function here takes the time it needs as an argument (`now`, Unix
 seconds), so the same code runs under the simulator's virtual clock. A value
@@ -53,7 +63,7 @@ assert max(RUN_MANIFEST.max_size, PEER_RECORD.max_size, RUN_CARDS.max_size) < MA
 MAX_PEER_RECORD_TTL = 48 * 3600  # a record that claims to live longer is refused
 MAX_CARDS_TTL = 3600  # cards say how many members a run has: they must be refreshed to stay
 DIRECTORY_EPOCH = 3600  # seconds each directory key is used for
-DIRECTORY_LEAD = 600  # a keeper provides the next epoch's key this long before it starts (clocks differ)
+DIRECTORY_LEAD = 3 * 3600  # a keeper provides an epoch's key this long before it starts: before late racers
 DIRECTORY_SHARDS = 8
 _PEER_ID_MAX_CHARS = 128
 
@@ -102,16 +112,15 @@ def directory_key(epoch: int, shard: int) -> str:
 
 def directory_keys(now: float) -> list[str]:
     """Every key a browser asks at `now`: each shard of this epoch. A browser whose clock is ahead
-    by up to `DIRECTORY_LEAD` finds the keepers too (they provide the next epoch's key that early),
-    and one whose clock is behind finds them under the epoch before (holders keep providers 48 h)."""
+    finds the keepers too (they provide later epochs' keys `DIRECTORY_LEAD` early), and one whose
+    clock is behind finds them under the epoch before (holders keep providers 48 h)."""
     return [directory_key(directory_epoch(now), shard) for shard in range(DIRECTORY_SHARDS)]
 
 
 def keeper_epochs(now: float) -> list[int]:
-    """The epochs whose directory keys a keeper provides at `now`: this one, and the next one
-    within `DIRECTORY_LEAD` of its start."""
-    epoch = directory_epoch(now)
-    return [epoch, epoch + 1] if directory_epoch(now + DIRECTORY_LEAD) > epoch else [epoch]
+    """The epochs whose directory keys a keeper provides at `now`: this one, and every later one
+    that starts within `DIRECTORY_LEAD`."""
+    return list(range(directory_epoch(now), directory_epoch(now + DIRECTORY_LEAD) + 1))
 
 
 def provider_key(key: str) -> bytes:

@@ -80,7 +80,7 @@ def node_services(config: NodeConfig, pieces: Pieces = Pieces()) -> NodeServices
     crdt = CrdtService(config.data_dir)
     checkpoints = pieces.checkpoint_service(
         config.data_dir / CHECKPOINT_DIR, dataplane=pieces.dataplane, offload=pieces.offload,
-        discovery=lambda: registry.discovery,
+        discovery=lambda: registry.discovery, is_member=crdt.has_standing,
     )
     rounds = None
     if pieces.rounds:
@@ -93,7 +93,8 @@ def node_services(config: NodeConfig, pieces: Pieces = Pieces()) -> NodeServices
     network: tuple[Service, ...] = ()
     if pieces.network:
         network = (PingService(), *nat_services(relay=config.relay, nat_traversal=config.nat_traversal,
-                                                port_mapping=config.port_mapping, discovery=lambda: registry.discovery),
+                                                port_mapping=config.port_mapping, discovery=lambda: registry.discovery,
+                                                allow_private_addrs=config.private_addresses == "on"),
                    DoctorService(registry, crdt, device=config.device, memory_limit=config.memory_limit,
                                  offload=pieces.offload))
     bandwidth = BandwidthLimits(upload=config.upload_limit, download=config.download_limit)

@@ -19,6 +19,7 @@ attack             LOCOMESH_ATTACK         --attack NAME                 "" (hon
 relay              LOCOMESH_RELAY          (file / environment only)     "auto"
 nat_traversal      LOCOMESH_NAT_TRAVERSAL  (file / environment only)     "on"
 port_mapping       LOCOMESH_PORT_MAPPING   --no-upnp (sets "off")        "on"
+private_addresses  ..._PRIVATE_ADDRESSES   (file / environment only)     "off"
 archive            LOCOMESH_ARCHIVE        --archive (sets "on")         "off"
 device             LOCOMESH_DEVICE         --device SPEC                 "auto"
 local_workers      LOCOMESH_LOCAL_WORKERS  --local-workers N             0 (one per GPU)
@@ -39,6 +40,10 @@ It exists so that tests and simulations can show the aggregation holding; honest
 reachability check finds it public, ``on`` always, ``off`` never. ``nat_traversal = "off"`` stops it
 from reserving relay slots when private and from hole punching (`locomesh.node.nat`).
 ``port_mapping = "off"`` stops it from asking the home gateway (NAT-PMP, UPnP IGD) to forward its port.
+``private_addresses = "on"`` lets the dials a peer asks for (reachability dial-backs, hole punches)
+go to loopback and private addresses: for a swarm on one machine or one LAN (`locomesh swarm` sets
+it). Off, the default, they go to public unicast addresses only, so no peer can make the node probe
+its own host or LAN (`locomesh.node.nat.addresses`).
 
 ``archive = "on"`` makes the node an archive of the runs it trains in: every payload of every round
 (the others' too, once fetched and checked) goes to its checkpoint store and stays there, so that
@@ -119,6 +124,7 @@ class NodeConfig:
     relay: str = "auto"
     nat_traversal: str = "on"
     port_mapping: str = "on"
+    private_addresses: str = "off"
     archive: str = "off"
     device: str = "auto"
     local_workers: int = 0
@@ -156,6 +162,8 @@ class NodeConfig:
             raise ConfigError(f"nat_traversal: {self.nat_traversal!r} is not one of {', '.join(ON_OFF)}")
         if self.port_mapping not in ON_OFF:
             raise ConfigError(f"port_mapping: {self.port_mapping!r} is not one of {', '.join(ON_OFF)}")
+        if self.private_addresses not in ON_OFF:
+            raise ConfigError(f"private_addresses: {self.private_addresses!r} is not one of {', '.join(ON_OFF)}")
         if self.archive not in ON_OFF:
             raise ConfigError(f"archive: {self.archive!r} is not one of {', '.join(ON_OFF)}")
         self._check_devices()
@@ -199,7 +207,7 @@ class NodeConfig:
 
 _SETTABLE = (
     "listen", "bootstrap", "rpc_port", "log_format", "log_level", "attack", "relay", "nat_traversal", "port_mapping",
-    "archive", "device", "local_workers", "memory_limit", "upload_limit", "download_limit", "train_threads",
+    "private_addresses", "archive", "device", "local_workers", "memory_limit", "upload_limit", "download_limit", "train_threads",
     "schedule", "only_when_idle", "only_on_ac_power",
 )
 _LISTS = ("listen", "bootstrap", "schedule")

@@ -17,7 +17,7 @@ import trio
 from multiaddr import Multiaddr
 
 from locomesh.crdt import Replica, encode_op, evidence_fields, op_id
-from locomesh.crdt.limits import AHEAD, BEHIND, MAX_ATTEMPT, RULES, Limits
+from locomesh.crdt.limits import AHEAD, BEHIND, MAX_ATTEMPT, NO_VOTES, RULES, Limits
 from locomesh.crdt.ops import decode_op
 from locomesh.netsim.adversaries import forged_chain as chain
 from locomesh.node.replication.service import MAX_SERVED_PER_PEER, SYNC_PROTOCOL, CrdtService
@@ -135,33 +135,37 @@ def test_evidence_is_capped_per_round_of_its_authors_chain():
 def test_timeouts_count_one_per_attempt_and_attempts_are_bounded():
     """The `timeout` kind's rule (one per round and attempt, attempts up to MAX_ATTEMPT), checked on
     the limits alone: the op kind itself comes with the electorate rules."""
-    limits = Limits()
-    member = limits.next_link("join", {"round": 1}, None, 0)
-    first = limits.next_link("timeout", {"round": 1, "attempt": 0}, member, 1)
+    limits, key = Limits(), A.public_key
+    member = limits.next_link("join", {"round": 1}, None, NO_VOTES, key, 100)
+    first = limits.next_link("timeout", {"round": 1, "attempt": 0}, member, NO_VOTES, key, 100)
     with pytest.raises(ProtocolError, match="over-cap"):
-        limits.next_link("timeout", {"round": 1, "attempt": 0}, first, 1)
-    second = limits.next_link("timeout", {"round": 1, "attempt": 1}, first, 1)
-    assert limits.next_link("timeout", {"round": 2, "attempt": 0}, second, 1).count == 1
+        limits.next_link("timeout", {"round": 1, "attempt": 0}, first, NO_VOTES, key, 100)
+    second = limits.next_link("timeout", {"round": 1, "attempt": 1}, first, NO_VOTES, key, 100)
+    assert limits.next_link("timeout", {"round": 2, "attempt": 0}, second, NO_VOTES, key, 100).count == 1
     with pytest.raises(ProtocolError, match="over-cap"):
-        limits.next_link("timeout", {"round": 1, "attempt": MAX_ATTEMPT + 1}, member, 1)
+        limits.next_link("timeout", {"round": 1, "attempt": MAX_ATTEMPT + 1}, member, NO_VOTES, key, 100)
 
 
 # --- how far an op's round may reach ---------------------------------------------------------------
 
 
-def test_an_op_names_at_most_AHEAD_rounds_past_its_causal_past():
-    replica = joined_replica(MEMBERS)  # every join names round 1
+def test_an_op_names_at_most_AHEAD_rounds_past_a_round_another_member_voted_for():
+    replica = joined_replica(MEMBERS)  # A created the run: trusted; B and C are not
     assert codes(replica, chain(replica, SPAMMER, [("join", {"round": 2**40})])) == ["too-far-ahead"]
     with pytest.raises(ProtocolError, match="too-far-ahead"):
-        replica.create(A, "vote", round=1 + AHEAD + 1, hash=H1)
-    replica.create(A, "vote", round=1 + AHEAD, hash=H1)
-    assert replica.create(B, "commit", round=1 + 2 * AHEAD, hash=H1, size=1)  # A's vote is in its causal past
+        replica.create(B, "vote", round=AHEAD + 1, hash=H1)
+    replica.create(B, "vote", round=AHEAD, hash=H1)
+    with pytest.raises(ProtocolError, match="too-far-ahead"):  # its own vote backs nothing for B
+        replica.create(B, "commit", round=AHEAD + 1, hash=H1, size=1)
+    assert replica.create(C, "commit", round=2 * AHEAD, hash=H1, size=1)  # B's vote is in its causal past
+    assert replica.create(A, "vote", round=2 * AHEAD, hash=H1)  # a key trusted at genesis backs itself
+    assert replica.create(A, "vote", round=3 * AHEAD, hash=H1)
 
 
 def test_an_op_names_at_most_BEHIND_rounds_below_its_authors_newest():
     replica = joined_replica(MEMBERS)
     for round_ in range(1, 21, AHEAD):
-        replica.create(A, "attest", round=round_, id=H1, size=1)
+        replica.create(A, "vote", round=round_, hash=H1)
     newest = max(range(1, 21, AHEAD))
     with pytest.raises(ProtocolError, match="too-far-behind"):
         replica.create(A, "checkpoint", round=newest - BEHIND - 1, id=H1, size=1)
@@ -223,7 +227,9 @@ async def test_a_peer_gossiping_past_its_budget_is_dropped_and_scored_and_anti_e
     source.create(flooder_key, "join", round=1)
     await wait_for(lambda: len(copy) == 1)
     # 8 messages of 128 ops (about 100 KiB charged each), 5 a second (GossipSub's own limit is 10).
-    specs = [("attest", {"round": 1 + i // 4, "id": bytes([i % 256]) * 32, "size": i}) for i in range(1024)]
+    # Each round's first op a vote, which the creator's next rounds stand on (crdt/limits.py, rule 3).
+    specs = [("vote", {"round": 1 + i // 4, "hash": bytes([i % 256]) * 32}) if i % 4 == 0 else
+             ("attest", {"round": 1 + i // 4, "id": bytes([i % 256]) * 32, "size": i}) for i in range(1024)]
     ops = source.create_batch(flooder_key, specs[:256]) + source.create_batch(flooder_key, specs[256:512])
     ops += source.create_batch(flooder_key, specs[512:768]) + source.create_batch(flooder_key, specs[768:])
     for start in range(0, len(ops), 128):

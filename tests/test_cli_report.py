@@ -70,6 +70,17 @@ def test_a_report_says_which_plots_it_could_not_draw_and_why(status, tmp_path, c
     assert "**eval loss**: not measured" in summary
 
 
+
+def test_a_score_not_yet_known_gets_no_bar_and_a_dash_in_the_summary(status, tmp_path):
+    unknown = sorted(status["scores"])[0]
+    status["scores"][unknown] = {"rounds": [{"round": 4, "score": None}], "mean": None}  # fewer than three reports
+    assert len(series_from_status(status).scores) == len(status["scores"]) - 1
+    saved = tmp_path / "status.json"
+    saved.write_text(json.dumps(status))
+    assert main(["run", "report", status["run_id"], "--from", str(saved), "--out", str(tmp_path / "report")]) == 0
+    summary = (tmp_path / "report" / "summary.md").read_text()
+    assert summary.count("| 4 | +0.03") == 2 and summary.count("| 4 | — |") == 1
+
 def test_a_report_refuses_the_status_of_another_run(status, tmp_path, capsys):
     other = "a" * len(status["run_id"])
     assert main(["run", "report", other, "--from", str(RECORDED), "--out", str(tmp_path / "r")]) == 2

@@ -132,11 +132,14 @@ def test_every_peer_draws_the_same_committee_from_the_certificate_and_only_voter
         if m.public_key not in committee:
             replica.create(m, "score", round=1, authors=[KEYS[1]], scores=[-MAX_SCORE])
     assert round_scores(replica.facts, replica.state, 1) == {}
-    # The committee's non-voter reports a lie, its two voters the truth: the lie counts for nothing.
+    # The committee's non-voter reports a lie, its two voters their word: the lie counts for nothing,
+    # and two counted reports make no score (their median, their mean, is one liar's choice).
     replica.create(silent, "score", round=1, authors=[KEYS[1]], scores=[MAX_SCORE])
     for key, value in zip(committee[1:], (200_000, 300_000)):
         replica.create(by_key(key), "score", round=1, authors=[KEYS[1]], scores=[value])
-    assert round_scores(replica.facts, replica.state, 1) == {KEYS[1]: 0.25}  # counted, the lie would make it 0.3
+    assert round_scores(replica.facts, replica.state, 1) == {KEYS[1]: None}
+    assert scores_json(replica.facts, replica.state)[KEYS[1].hex()] == {"rounds": [{"round": 1, "score": None}],
+                                                                      "mean": None}
 
 
 def test_the_median_is_robust_to_one_lying_measurer_of_three():
@@ -222,6 +225,11 @@ async def test_a_committee_member_publishes_scores_after_the_round_and_a_free_ri
     (fields,) = [f for kind, f in crdt.ops if kind == "score"]
     assert fields["round"] == 1 and fields["authors"] == list(authors)
     replica.create(me, "score", **fields)  # what the service's write does: sign it into the run state
+    assert set(round_scores(replica.facts, replica.state, 1).values()) == {None}  # one report: not known yet
+    text = format_status({**party.status(), "run_id": "run", "history": []})
+    assert f"{peer_id_from_public_key(members[FREE_RIDER].public_key)}  mean —  r1 —" in text
+    for other in (members[0], members[2]):  # the rest of the committee measures alike (the round's seed decides)
+        replica.create(other, "score", **fields)
     scores = round_scores(replica.facts, replica.state, 1)
     rider = members[FREE_RIDER].public_key
     assert scores[rider] == 0.0  # a zero Δ changes nothing

@@ -63,9 +63,10 @@ def test_a_lapsed_member_that_joins_again_counts_from_the_round_its_join_names()
 
 def test_a_late_joiner_or_a_leaver_has_not_lapsed():
     replica = joined_replica([A, B, C])
-    replica.create(D, "join", round=5)  # at most limits.AHEAD past round 1, the newest round named
     replica.create(C, "leave", round=1)
-    for round_ in (1, 2, 3):
+    _round(replica, 1, live=(A, B))
+    replica.create(D, "join", round=5)  # at most limits.AHEAD past round 1, the newest round voted for
+    for round_ in (2, 3):
         _round(replica, round_, live=(A, B))
     assert not replica.lapsed(D.public_key, 4) and not replica.lapsed(C.public_key, 4)
     assert replica.electorate(4) == {A.public_key, B.public_key}

@@ -25,8 +25,11 @@ def run_sync(puller: SyncPuller, server: SyncServer) -> list[str]:
 
 
 def _grown(replica: Replica, author, n: int) -> Replica:
+    """`n` small ops by `author`: a vote for one attempt after another, 64 attempts a round (the
+    cap), so rounds past the first only for the run's creator, whose own votes back its next
+    rounds (crdt/limits.py)."""
     for i in range(n):
-        replica.create(author, "attest", round=i // 4, id=bytes([i % 256]) * 32, size=i)  # 4 a round: the cap
+        replica.create(author, "vote", round=1 + i // 64, hash=bytes([i % 256]) * 32, attempt=i % 64)
     return replica
 
 

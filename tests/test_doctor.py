@@ -15,6 +15,7 @@ import os
 import socket
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 
@@ -296,3 +297,47 @@ async def test_the_bandwidth_probe_measures_and_its_bounds_hold(nursery, identit
         await probe.measure_download(asker, server.peer_id, probe.MAX_PROBE_BYTES + 1)
     asker.request_stop()
     server.request_stop()
+
+
+class _ProbeStream:
+    """A probe request from `peer` as the probe's handler reads it; what it answers, in `answer`."""
+
+    def __init__(self, peer: str, size: int = 1024) -> None:
+        self.muxed_conn = SimpleNamespace(peer_id=peer)
+        self._request = (4).to_bytes(4, "big") + size.to_bytes(4, "big")
+        self.answer = bytearray()
+
+    async def read(self, n: int | None = None) -> bytes:
+        chunk, self._request = self._request[:n], self._request[n:]
+        return chunk
+
+    async def write(self, data: bytes) -> None:
+        self.answer += data
+
+    async def close(self) -> None:
+        pass
+
+
+async def test_strangers_with_many_peer_ids_cannot_use_up_the_probes_of_the_members():
+    from locomesh.node.doctor import probe
+    from locomesh.node.doctor.service import DoctorService
+    from locomesh.protocol import peer_id_from_public_key
+
+    member = peer_id_from_public_key(b"\x01" * 32)
+    handlers, refused = {}, []
+    node = SimpleNamespace(set_stream_handler=lambda protocol, handler, timeout: handlers.update({protocol: handler}),
+                           rpc=SimpleNamespace(register=lambda name, method: None),
+                           count_protocol_error=refused.append)
+    crdt = SimpleNamespace(has_standing=lambda peer_id: peer_id == member)  # CrdtService's: tests/test_node_crdt.py
+    await DoctorService(None, crdt).run(node)
+    handle = handlers[probe.PROTOCOL_ID]
+
+    async def answered(peer: str) -> bool:
+        stream = _ProbeStream(peer)
+        await handle(stream)
+        return bool(stream.answer)
+
+    strangers = [await answered(peer_id_from_public_key(bytes([2, i]) * 16)) for i in range(2 * probe.TOTAL_BURST)]
+    assert 0 < sum(strangers) < probe.TOTAL_BURST  # one new peer ID a probe, and still only the strangers' share
+    assert [await answered(member) for _ in range(probe.PER_PEER_BURST + 1)] == [True] * probe.PER_PEER_BURST + [False]
+    assert refused == ["probe-rate"] * (len(strangers) - sum(strangers) + 1)

@@ -511,7 +511,7 @@ async def test_a_private_node_becomes_public_through_its_mapping(nursery, identi
     await nursery.start(gateway.serve)
     helpers = []  # the dialer C, then two helpers connected to it (C must not be connected to A)
     for index in (71, 72, 74):
-        reach = ReachabilityService(first_delay=3600)
+        reach = ReachabilityService(first_delay=3600, allow_private_addrs=True)  # loopback: all private
         bootstrap = [Multiaddr(helper.listen_addresses()[0]) for helper in helpers]
         node = Node.create(identity_factory(index), listen_addrs=[Multiaddr(f"/ip4/{LOOPBACK}/tcp/0")],
                            services=[reach], bootstrap=bootstrap)
@@ -521,7 +521,7 @@ async def test_a_private_node_becomes_public_through_its_mapping(nursery, identi
     clients = GatewayClients(LOOPBACK, natpmp_port=gateway.port, ssdp_address=(LOOPBACK, 9), natpmp_tries=2)
     mapper = PortMappingService(lambda: reach.verdict, lambda: reach.tracker.confirmed_addrs(), clients=clients,
                                 check_interval=0.1, on_mapped=lambda: reach.probe_soon())
-    reach = ReachabilityService(first_delay=0.5, retry_interval=0.3,
+    reach = ReachabilityService(first_delay=0.5, retry_interval=0.3, allow_private_addrs=True,
                                 addresses=lambda node: advertised_addrs(node) + mapper.candidate_addrs())
     node = Node.create(identity_factory(73), listen_addrs=[Multiaddr("/ip4/127.0.0.2/tcp/0")], services=[reach, mapper],
                        bootstrap=[Multiaddr(helper.listen_addresses()[0]) for helper in helpers[1:]])

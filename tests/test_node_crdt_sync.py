@@ -41,11 +41,17 @@ def in_mesh(service: CrdtService, peer: Node, run_id: bytes) -> bool:
 
 
 def fill(service: CrdtService, run_id: bytes, identity, count: int) -> None:
-    """`count` ops written straight into the replica (not gossiped): a backlog for anti-entropy."""
+    """`count` ops written straight into the replica (not gossiped): a backlog for anti-entropy. A
+    vote and three attestations a round, by the run's creator: its own votes back its next rounds
+    (crdt/limits.py)."""
     replica = service.replicas[run_id]
     replica.create(identity, "join", round=1)
     for i in range(count - 1):
-        replica.create(identity, "attest", round=i // 4, id=(i % 251).to_bytes(32, "big"), size=i)  # 4 a round: the cap
+        round_ = 1 + i // 4
+        if i % 4 == 0:
+            replica.create(identity, "vote", round=round_, hash=(i % 251).to_bytes(32, "big"))
+        else:
+            replica.create(identity, "attest", round=round_, id=(i % 251).to_bytes(32, "big"), size=i)
 
 
 async def _backlog_reaches_a_newcomer(nursery, identity_factory, count: int) -> None:

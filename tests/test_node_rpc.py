@@ -286,7 +286,7 @@ async def test_a_slow_call_survives_a_flood_of_half_closing_clients(nursery, cap
 
 async def test_past_the_connection_cap_only_the_cookie_holder_is_served(nursery):
     """With every slot held by stalled connections, a request without the cookie gets 503 and one
-    with it is served in a reserved slot; past the waiting slots, connections are closed at once."""
+    with it is served in a reserved slot."""
     dispatcher, _ = make_dispatcher()
     rejected: list[str] = []
     server = RpcServer(
@@ -304,11 +304,34 @@ async def test_past_the_connection_cap_only_the_cookie_holder_is_served(nursery)
     answer = await _exchange(port, _rpc_request(port, b'{"jsonrpc":"2.0","id":1,"method":"test.add","params":[1,2]}'))
     assert answer.endswith(b'{"jsonrpc":"2.0","id":1,"result":3}')
     assert (await _exchange(port, _rpc_request(port, b"{}", cookie=b"d" * 64))).startswith(b"HTTP/1.1 503 ")
-    waiting = [await trio.open_tcp_stream("127.0.0.1", port) for _ in range(2)]
-    await _wait_until(lambda: server._waiting.taken == 2)
-    assert await _exchange(port, metrics) == b""  # no waiting slot left: closed without a word
-    assert rejected == ["busy"] * 3
-    for stream in stalled + waiting:
+    assert rejected == ["busy"] * 2
+    for stream in stalled:
+        await stream.aclose()
+    server.stop()
+
+
+async def test_idle_connections_in_every_slot_do_not_lock_the_cookie_holder_out(nursery):
+    """Every slot, waiting ones included, held by idle connections: a newcomer pushes out the oldest
+    waiting one, so the cookie holder is served; the connections it pushed out are closed."""
+    dispatcher, _ = make_dispatcher()
+    rejected: list[str] = []
+    server = RpcServer(
+        dispatcher, cookie="c" * 64, metrics=Metrics(), on_reject=rejected.append,
+        max_connections=2, reserved_connections=1, max_waiting=2,
+    )
+    port = await nursery.start(server.run)
+    idle = [await trio.open_tcp_stream("127.0.0.1", port) for _ in range(2)]
+    await _wait_until(lambda: server._connections.taken == 2)
+    for _ in range(2):  # one at a time, so that which one is oldest is known
+        idle.append(await trio.open_tcp_stream("127.0.0.1", port))
+        await _wait_until(lambda: server._waiting.taken == len(idle) - 2)
+    answer = await _exchange(port, _rpc_request(port, b'{"jsonrpc":"2.0","id":1,"method":"test.add","params":[1,2]}'))
+    assert answer.endswith(b'{"jsonrpc":"2.0","id":1,"result":3}')
+    with trio.fail_after(1):  # well before the idle timeout would close it
+        assert await idle[2].receive_some(100) == b""  # the oldest waiting one, pushed out
+    assert rejected == ["busy"]
+    assert server._waiting.taken == 1  # the newer idle one waits on
+    for stream in idle:
         await stream.aclose()
     server.stop()
 

@@ -154,11 +154,15 @@ async def wait_for(condition, timeout: float = 10.0) -> None:
             await trio.sleep(0.02)
 
 
-async def start_mesh(nursery, identity_factory, asker_addresses=None):
-    """Helper B, dialer C and asker A; A and C are connected to B only."""
-    services = [ReachabilityService(first_delay=3600, rng=random.Random(index)) for index in range(3)]
+async def start_mesh(nursery, identity_factory, asker_addresses=None, *, allow_private_addrs=True):
+    """Helper B, dialer C and asker A; A and C are connected to B only.
+
+    On loopback every address is private: the mesh allows them (`allow_private_addrs`) unless a test
+    checks the default, public-only filter."""
+    allowed = {"allow_private_addrs": True} if allow_private_addrs else {}  # else the default, as a public node has it
+    services = [ReachabilityService(first_delay=3600, rng=random.Random(index), **allowed) for index in range(3)]
     if asker_addresses is not None:
-        services[0] = ReachabilityService(first_delay=3600, addresses=lambda node: asker_addresses)
+        services[0] = ReachabilityService(first_delay=3600, addresses=lambda node: asker_addresses, **allowed)
     helper = Node.create(identity_factory(11), listen_addrs=LOOPBACK, services=[services[1]])
     await nursery.start(helper.run)
     bootstrap = [Multiaddr(helper.listen_addresses()[0])]
@@ -237,5 +241,33 @@ async def test_a_dialer_refuses_to_dial_a_connected_peer_or_a_forged_delegation(
         await delegate(asker.identity, {"nonce": NONCE_B, "target": asker.peer_id, "addrs": []})
     counter = dialer.metrics["locomesh_protocol_errors_total"]
     assert {labels[0]: value for labels, value in counter.samples()} == {"wrong-author": 1}
+    for node in (asker, helper, dialer):
+        node.request_stop()
+
+
+async def test_a_delegation_naming_our_own_host_or_lan_dials_nothing_by_default(nursery, identity_factory):
+    """Issue #34: the helper that delegates a dial-back may be the attacker, and its filter is then no filter.
+
+    With the default, public-only filter the dialer opens no connection to a loopback, private or
+    link-local address a helper names (so no peer can probe the ports of the dialer's host or LAN),
+    and answers ``no-address``. A local TCP server stands for a service on the dialer's host."""
+    accepted = []
+
+    async def count(stream) -> None:
+        accepted.append(1)
+        await stream.aclose()
+
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listeners[0].socket.getsockname()[1]
+    nursery.start_soon(trio.serve_listeners, count, listeners)
+    (asker, _), (helper, _), (dialer, _) = await start_mesh(nursery, identity_factory, allow_private_addrs=False)
+    local = [f"/ip4/127.0.0.1/tcp/{port}", f"/ip4/10.0.0.1/tcp/{port}", f"/ip6/fe80::1/tcp/{port}"]
+    stream = await helper.open_stream(dialer.peer_id, [PROTOCOL_ID])
+    body = {"nonce": NONCE_C, "target": asker.peer_id, "addrs": local}
+    await write_frame(stream, encode(helper.identity, REACH_DELEGATE.name, body), timeout=5)
+    reply = decode(await read_frame(stream, max_size=REACH_RESULT.max_size, timeout=30))
+    assert reply.body["outcome"] == "no-address"
+    await trio.sleep(0.2)
+    assert accepted == []
     for node in (asker, helper, dialer):
         node.request_stop()

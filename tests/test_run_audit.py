@@ -23,7 +23,7 @@ from locomesh.netsim.offload import run_inline
 from locomesh.node.config import load_config
 from locomesh.node.replication.op_log import OpLog
 from locomesh.node.rounds import machine as rm
-from locomesh.node.rounds.audit import MISMATCH, MISSING, OK, AuditError, audit_data_dir
+from locomesh.node.rounds.audit import MISMATCH, MISSING, OK, AuditError, audit_data_dir, read_replica
 from locomesh.node.rounds.participation import RunParticipation
 from locomesh.node.runs.store import RunStore
 from locomesh.node.transfer.download import DownloadProgress
@@ -131,6 +131,47 @@ def test_a_forged_certificate_is_a_mismatch_naming_its_signers_and_the_audit_goe
     assert verdicts(reports) == [(1, OK), (2, MISMATCH), (3, OK)]  # round 3 builds on the attested state
     assert reports[0].proposer == PROPOSER  # the decoy the votes name was tried first, from the same state
     assert reports[1].voters == tuple(sorted(member.public_key for member in MEMBERS))
+
+
+def add_ops(run: HandBuiltRun, ops) -> None:
+    """Write (identity, op kind, fields) ops on top of the op log of `run`'s data dir."""
+    replica = read_replica(run.data_dir, run.manifest)
+    log = OpLog.for_run(run.data_dir, run.run_id)
+    list(log.load())
+    for identity, kind, fields in ops:
+        log.append(replica.create(identity, kind, **fields))
+    log.close()
+
+
+def test_a_set_naming_an_author_with_no_commit_is_bogus_and_hides_no_forgery(forged, tmp_path):
+    run = forged.copy(tmp_path / "node")
+    (never_committed,) = keys(1, offset=10)
+    add_ops(run, [(MEMBERS[1], "propose", {"round": 2, "authors": sorted([*(m.public_key for m in MEMBERS),
+                                                                           never_committed.public_key])})])
+    reports = HandBuiltRun.audit(run)
+    assert verdicts(reports) == [(1, OK), (2, MISMATCH), (3, OK)]
+    assert reports[1].bogus == (MEMBERS[1].public_key,) and "bogus" in reports[1].note
+    assert reports[1].voters == tuple(sorted(member.public_key for member in MEMBERS))
+
+
+
+def test_an_author_with_two_commits_is_tried_with_each_and_hides_no_forgery(forged, tmp_path):
+    run = forged.copy(tmp_path / "node")
+    other = run.payloads[1][2]  # a payload of round 1: breaks round 2's limits, so that choice is refused
+    add_ops(run, [(MEMBERS[2], "commit", {"round": 2, "hash": other, "size": 1000})])
+    reports = HandBuiltRun.audit(run)
+    assert verdicts(reports)[1] == (2, MISMATCH)
+    assert reports[1].note.startswith("none of the 1 sets proposed by the electorate (1 computed)")
+
+def test_only_the_electorates_proposals_count(forged, tmp_path):
+    run = forged.copy(tmp_path / "node")
+    stranger, never_committed = keys(2, offset=10)
+    # A member from round 4 on: not of round 2's electorate, yet its ops are valid ones.
+    add_ops(run, [(stranger, "join", {"round": ROUNDS + 1}),
+                  (stranger, "propose", {"round": 2, "authors": [never_committed.public_key]})])
+    reports = HandBuiltRun.audit(run)
+    assert verdicts(reports) == [(1, OK), (2, MISMATCH), (3, OK)]
+    assert reports[1].bogus == () and reports[1].note.startswith("none of the 1 sets")
 
 
 def test_a_missing_payload_is_reported_by_id_and_the_certified_state_carries_the_audit_on(honest, tmp_path):

@@ -80,8 +80,9 @@ def test_directory_keys_cover_every_shard_and_keepers_provide_the_next_epoch_ear
     assert records.directory_key(epoch, records.directory_shard(b"\x09" * 32)) in keys
     assert all(len(key) <= 80 for key in keys)
     start = epoch * records.DIRECTORY_EPOCH
-    assert records.keeper_epochs(start) == [epoch]
-    assert records.keeper_epochs(start + records.DIRECTORY_EPOCH - records.DIRECTORY_LEAD) == [epoch, epoch + 1]
+    ahead = records.DIRECTORY_LEAD // records.DIRECTORY_EPOCH
+    assert records.keeper_epochs(start) == list(range(epoch, epoch + ahead + 1))
+    assert records.keeper_epochs(start + 1)[-1] == epoch + ahead
     with pytest.raises(ValueError):
         records.directory_key(epoch, records.DIRECTORY_SHARDS)
 
@@ -160,8 +161,11 @@ async def test_a_keeper_publishes_refreshes_and_retracts_its_cards():
     publisher = CardPublisher(discovery, lambda: [public, private], offload=inline, refresh_interval=600)
     await publisher.update()
     assert [[c["name"] for c in cards] for cards in discovery.published] == [["toy"]]  # the private run gets none
-    shard_key = records.directory_key(NOW // records.DIRECTORY_EPOCH, records.directory_shard(run_id(public_manifest)))
-    assert discovery.providing == {shard_key}
+    def shard_keys(now: float) -> set:
+        shard = records.directory_shard(run_id(public_manifest))
+        return {records.directory_key(epoch, shard) for epoch in records.keeper_epochs(now)}
+
+    assert discovery.providing == shard_keys(NOW) and len(shard_keys(NOW)) > 1  # later epochs' keys early
 
     await publisher.update()  # nothing changed, no refresh due: no new record
     discovery.now += 601
@@ -170,8 +174,7 @@ async def test_a_keeper_publishes_refreshes_and_retracts_its_cards():
 
     discovery.now += records.DIRECTORY_EPOCH  # a new epoch: the new key, not the old one
     await publisher.update()
-    assert discovery.providing == {records.directory_key(int(discovery.now) // records.DIRECTORY_EPOCH,
-                                                         records.directory_shard(run_id(public_manifest)))}
+    assert discovery.providing == shard_keys(discovery.now)
 
     public.create(me, "leave", round=1)
     await publisher.update()
@@ -202,13 +205,32 @@ def test_cards_that_contradict_the_manifest_are_dropped_and_numbers_are_lower_me
     run = b"m" * 32
     facts = {"task": "synthetic-lm", "name": "toy", "dataset": "", "created": NOW - 100, "inner_steps": 50,
              "round_deadline_s": 600.0}
-    claims = [(NOW - 5, card(run, members=3)), (NOW - 1, card(run, members=4)), (NOW, card(run, members=1000)),
-              (NOW, card(run, name="free money", members=10**6))]
-    listing = directory.merge(run, facts, claims)
+    peers = [identity(i).peer_id for i in range(5)]
+    claims = {peers[0]: (NOW - 5, card(run, members=3)), peers[1]: (NOW - 1, card(run, members=4)),
+              peers[2]: (NOW, card(run, members=1000)), peers[3]: (NOW, card(run, name="free money", members=10**6))}
+    listing = directory.merge(run, facts, claims, peers[:4], peers[4], seen=9)
     assert listing is not None and listing.keepers == 3 and listing.members == 4 and listing.updated == NOW
-    assert directory.merge(run, {**facts, "created": 1}, claims) is None
-    grouped = directory.group_cards([(NOW, [card(run), card(b"n" * 32, task="llama")])], task="llama")
+    assert directory.merge(run, {**facts, "created": 1}, claims, peers[:4], peers[4], seen=9) is None
+    creator_says = directory.merge(run, facts, claims, peers[:4], peers[0], seen=9)
+    assert creator_says.members == 3  # the creator's card, while it keeps one
+    assert directory.merge(run, facts, claims, peers[:4], peers[2], seen=6).members == 6  # no more than seen
+    grouped = directory.group_cards([(peers[0], NOW, [card(run), card(b"n" * 32, task="llama")])], task="llama")
     assert list(grouped) == [b"n" * 32]
+
+
+def test_only_verified_participants_count_each_once():
+    peers = [identity(i).peer_id for i in range(8)]
+    creator = peers[0]
+    counted = directory.counted_keepers(peers + peers, participants=peers[1:6], creator=creator, named=[creator])
+    assert counted == sorted(peers[:6])
+    assert directory.counted_keepers(peers[6:], participants=peers[1:6], creator=creator) == []
+
+
+def test_candidates_take_turns_across_keepers():
+    sybil, honest = identity(0).peer_id, identity(1).peer_id
+    claims = {bytes([i]) * 32: {sybil: (NOW, card(bytes([i]) * 32, members=10**9))} for i in range(20)}
+    claims[b"h" * 32] = {honest: (NOW, card(b"h" * 32, members=1))}
+    assert b"h" * 32 in directory.candidates(claims, 2)
 
 
 def test_listings_rank_most_members_first_then_rounds_then_newest():
@@ -272,14 +294,94 @@ async def test_browse_checks_cards_against_manifests_and_ranks_the_runs():
     }
     key = records.directory_key(NOW // records.DIRECTORY_EPOCH, 0)
     manifests = {ids[0]: runs[0], ids[1]: runs[1]}  # run 2's manifest is nowhere: it cannot be joined
-    discovery = DirectoryDiscovery({key: [keeper.peer_id for keeper in keepers]}, cards, manifests)
+    others = [identity(20 + i).peer_id for i in range(4)]
+    providers = {key: [keeper.peer_id for keeper in keepers], records.run_key(ids[0]): [k.peer_id for k in keepers],
+                 records.run_key(ids[1]): [keepers[0].peer_id, keepers[1].peer_id, *others]}
+    discovery = DirectoryDiscovery(providers, cards, manifests)
     result = await directory.browse(discovery)
-    assert sorted(discovery.asked) == sorted(records.directory_keys(NOW))
+    assert set(records.directory_keys(NOW)) <= set(discovery.asked)
     assert [listing.run_id for listing in result.listings] == [ids[1], ids[0]]  # most members first
     assert [(listing.members, listing.keepers) for listing in result.listings] == [(5, 1), (2, 3)]
     assert (result.keepers_found, result.records_read, result.runs_claimed, result.runs_dropped) == (3, 3, 3, 1)
+    providers[records.run_key(ids[0])] = keepers[0].peer_id,  # the others are no participants: not counted
+    assert [(listing.members, listing.keepers) for listing in (await directory.browse(discovery)).listings] == [
+        (5, 1), (1, 1)]
     only = await directory.browse(discovery, task="llama")
     assert only.listings == [] and only.runs_claimed == 1  # the card that said llama contradicts the manifest
+
+
+class ProviderStoreDiscovery(DirectoryDiscovery):
+    """`DirectoryDiscovery` whose providers live in py-libp2p's own provider store (first 20 per key kept)."""
+
+    def __init__(self, cards: dict, manifests: dict) -> None:
+        from libp2p.kad_dht.provider_store import ProviderStore
+
+        super().__init__({}, cards, manifests)
+        host = type("Host", (), {"get_id": lambda _self: "holder"})()
+        self.store = ProviderStore(host)
+
+    def provide(self, key: str, who: Identity) -> None:
+        from libp2p.peer.id import ID
+        from libp2p.peer.peerinfo import PeerInfo
+
+        self.store.add_provider(records.provider_key(key), PeerInfo(ID.from_base58(who.peer_id), []))
+
+    async def find_providers(self, key: str, *, limit: int):
+        self.asked.append(key)
+        return self.store.get_providers(records.provider_key(key))[:limit]
+
+
+@pytest.mark.parametrize("sybils", [17, 40])
+async def test_strangers_neither_hide_nor_rerank_honest_runs(sybils):
+    """Issue #34: Sybils provide every directory key before the keepers' lead, sign cards that give an
+    attacker's run a billion members and every honest run none, and fill the provider slots they can."""
+    creators = [identity(30 + i) for i in range(8)]
+    manifests = [make_run(who, name=f"honest{i}")[0] for i, who in enumerate(creators)]
+    ids = [run_id(manifest) for manifest in manifests]
+    mob = [identity(100 + i) for i in range(sybils)]
+    attacker_manifest = make_run(mob[0], name="free money")[0]
+    attacker = run_id(attacker_manifest)
+    cards: dict = {}
+    discovery = ProviderStoreDiscovery(cards, {**dict(zip(ids, manifests)), attacker: attacker_manifest})
+    epoch = NOW // records.DIRECTORY_EPOCH
+
+    def honest_card(index: int, members: int) -> dict:
+        body = decode(manifests[index]).body
+        return card(ids[index], name=body["name"], created=body["created"], members=members, rounds=10 + index)
+
+    # Keepers provide an epoch's key from the first moment `keeper_epochs` names it; the Sybils an
+    # epoch ahead of it (before the old lead), and then the holder keeps whoever came first.
+    keeper_time = next(t for t in range(NOW - 47 * 3600, NOW + 1, 60) if epoch in records.keeper_epochs(t))
+    announcements: list = []
+    # The honest runs: each has its creator and two members; all of them provide the run key,
+    # the creator keeps the card and provides its shard's key from DIRECTORY_LEAD ahead.
+    for index, who in enumerate(creators):
+        members = [who, identity(60 + 2 * index), identity(61 + 2 * index)]
+        for member in members:
+            discovery.provide(records.run_key(ids[index]), member)
+        announcements.append((keeper_time, records.directory_key(epoch, records.directory_shard(ids[index])), who))
+        cards[who.peer_id] = cards_record(who, [honest_card(index, 3)])
+        helper = members[1]  # a second keeper, not named in the manifest, verified as a participant
+        cards[helper.peer_id] = cards_record(helper, [honest_card(index, 3)])
+        announcements.append((keeper_time, records.directory_key(epoch, records.directory_shard(ids[index])), helper))
+    # The Sybils: their own run (they all provide its key), every directory key, huge cards.
+    lies = [card(attacker, name="free money", created=NOW - 100, members=10**9, rounds=10**9)]
+    lies += [{**honest_card(index, 0), "rounds": 0} for index in range(8)]
+    for who in mob:
+        discovery.provide(records.run_key(attacker), who)
+        for shard in range(records.DIRECTORY_SHARDS):
+            announcements.append((NOW - records.DIRECTORY_EPOCH, records.directory_key(epoch, shard), who))
+        cards[who.peer_id] = cards_record(who, lies)
+    for _when, key, who in sorted(announcements, key=lambda item: item[0]):  # first come, first kept
+        discovery.provide(key, who)
+
+    result = await directory.browse(discovery)
+    listed = {listing.run_id: listing for listing in result.listings}
+    assert set(ids) <= set(listed)  # every honest run is listed
+    for index, run in enumerate(ids):
+        assert (listed[run].members, listed[run].rounds) == (3, 10 + index)  # with its own keepers' numbers
+    assert listed[attacker].members <= len(mob)  # no more than its identities
+    assert listed[attacker].members <= 20  # and no more than a holder keeps providers of its key
 
 
 async def test_run_browse_refuses_bad_parameters(tmp_path):

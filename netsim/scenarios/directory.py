@@ -7,7 +7,8 @@ virtual time:
 1. A few **seed** nodes start and connect; the others join over `join_window` seconds, each
    bootstrapping off a random seed.
 2. After `settle` seconds, `runs` public runs start: a creator signs the manifest and publishes it
-   (`Discovery.publish_run`), and `members` nodes (the creator among them) join it. Their CRDT
+   (`Discovery.publish_run`), and `members` nodes (the creator among them) join it and provide its
+   run key, as a daemon does when it takes a run up (browsers verify keepers by it). Their CRDT
    replicas hold the same join ops (handed over in memory: replication is not what is measured),
    and each member runs the real `node.runs.cards.CardPublisher`, which decides from its replica
    whether it is one of the run's card keepers, and if so publishes its cards and provides the
@@ -22,6 +23,7 @@ DHT requests a browse sent.
 
 from __future__ import annotations
 
+import contextlib
 import random
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -29,6 +31,7 @@ from dataclasses import asdict, dataclass
 import trio
 
 from locomesh.crdt import Genesis, Replica
+from locomesh.dht import records
 from locomesh.dht.discovery import Discovery, DiscoveryError
 from locomesh.node.runs.cards import CardPublisher, card_keepers
 from locomesh.node.runs.directory import browse
@@ -160,6 +163,9 @@ class _Run:
             self.publish_failures += 1
         writer = Replica(Genesis.from_manifest(manifest))
         ops = [writer.create(member.identity, "join", round=1) for member in members]
+        for member in members[1:]:  # a member provides the run key when it takes the run up (node/rounds/meeting.py)
+            with contextlib.suppress(DiscoveryError):
+                await self.discovery[member.name].provide(records.run_key(run_id(manifest)))
         for member in members:
             replica = Replica(Genesis.from_manifest(manifest))
             for op in ops:

@@ -4,7 +4,8 @@
 
 Without a run: the network checks (`network.py`). With one: those and the run's (`run_checks.py`).
 `ok` is false when any check failed: the node cannot take part until that is fixed. The service
-also answers the bounded bandwidth probe (`probe.py`) that other nodes' doctors send.
+also answers the bounded bandwidth probe (`probe.py`) that other nodes' doctors send, the members
+of the runs it holds first.
 
 One doctor call runs at a time (a second waits): a call dials, probes and trains for a few seconds,
 and the RPC is local, so nothing is lost by queueing.
@@ -15,6 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 import trio
+
 
 from locomesh.node.rpc.dispatch import RpcError
 from locomesh.node.runtime import Node
@@ -42,9 +44,13 @@ class DoctorService:
 
     async def run(self, node: Node, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         self._node = node
-        ProbeServer(node)
+        ProbeServer(node, self._is_member)
         node.rpc.register("node.doctor", self._rpc_doctor)
         task_status.started()
+
+    def _is_member(self, peer_id: str) -> bool:
+        """Has `peer_id` standing in a run this node holds (the probe serves those first)?"""
+        return self.crdt is not None and self.crdt.has_standing(peer_id)
 
     async def _rpc_doctor(self, run_id: str | None = None) -> dict[str, Any]:
         if run_id is not None and not isinstance(run_id, str):

@@ -11,7 +11,7 @@ one carrier NAT on the same listen port then advertise the same address,
 though the carrier had to give one of them another port: punches meant for
 one reach the other, and the remapped host is never reached.
 
-`HolePuncher` changes two things:
+`HolePuncher` changes these things:
 
 * **What we advertise** (`punch_candidates`): the endpoints peers observed
   our connections at (Identify's observed address; our dials leave from the
@@ -27,9 +27,32 @@ one reach the other, and the remapped host is never reached.
   `MAX_CONCURRENT_PUNCHES`), where py-libp2p's loop awaits them one by one:
   a punch toward a symmetric NAT fails only after up to three rounds, and
   every pair queued behind it waited (netsim `nat`: p90 time to direct).
-* **What we dial**: never one of our own addresses (the transport refuses
-  our listen endpoints; `_dial_peer` also skips our own observed mappings,
-  which a peer behind the same NAT may advertise).
+* **How long a try takes**: a session is a plain direct dial to what we
+  know of the peer (`_try_unilateral_upgrade`, given `DIRECT_DIAL_TIMEOUT`:
+  a dial that will answer does so within a few round trips, while one whose
+  SYNs a NAT drops would hold the session for py-libp2p's whole dial
+  timeout), then one round of punch dials (py-libp2p runs three per
+  session). A round that fails seldom fails from timing: the usual cause is
+  a symmetric NAT on our side, whose punch SYN reaches the peer's listener
+  instead of its dial, so the connection comes up with both ends in the
+  server role and the handshake fails; rounds two and three fail the same
+  way. That same round opened the peer's NAT filter to us, though, so the
+  plain dial that starts the next session (`DRIVE_INTERVAL` later) gets
+  through. Each pair gets `MAX_HOLE_PUNCH_ATTEMPTS` sessions.
+* **What we dial**: a relayed peer names the addresses we dial (CONNECT,
+  Identify), and may be hostile. A session dials only `punch_targets`: plain
+  TCP, public unicast (never our host or LAN: no peer can make us probe
+  ports there), never one of our own addresses (the transport refuses our
+  listen endpoints; our observed mappings, which a peer behind the same NAT
+  may advertise, are left out too), at most `MAX_CANDIDATES` from its
+  CONNECT and `MAX_PUNCH_ADDRS` in all; `_dial_peer` dials nothing else.
+  What a CONNECT names is filtered before py-libp2p stores it.
+* **How many at once**: one session per peer (a second CONNECT while one
+  runs is refused: py-libp2p would run both) and at most
+  `MAX_PUNCH_SESSIONS` in all, ours and theirs.
+
+``allow_private_addrs`` (tests, local swarms on loopback or one LAN) lets
+punches go to private addresses too (`locomesh.node.nat.addresses`).
 """
 
 from __future__ import annotations
@@ -39,17 +62,23 @@ from typing import Any
 
 import trio
 from libp2p.peer.id import ID
-from libp2p.relay.circuit_v2.dcutr import MAX_HOLE_PUNCH_ATTEMPTS, DCUtRProtocol
+from libp2p.relay.circuit_v2.dcutr import MAX_HOLE_PUNCH_ATTEMPTS, DCUtRProtocol, _local_tcp_listen_addrs
 from multiaddr import Multiaddr
 
-from locomesh.node.nat.addresses import is_private_ip, tcp_address, tcp_endpoint
+from locomesh.node.nat.addresses import is_private_ip, is_relayed, punch_targets, tcp_address, tcp_endpoint
 from locomesh.node.nat.connections import RELAYED, facts_of
+from locomesh.node.streams import reset_quietly
 
 logger = logging.getLogger(__name__)
 
-MAX_CANDIDATES = 4
-MAX_CONCURRENT_PUNCHES = 8
+MAX_CANDIDATES = 4  # addresses we advertise, and take from a peer's CONNECT
+MAX_PUNCH_ADDRS = 6  # addresses one session dials: the CONNECT's, then what we knew of the peer
+MAX_CONCURRENT_PUNCHES = 8  # sessions we start at once
+MAX_PUNCH_SESSIONS = 16  # sessions at once, ours and the peers'
 DRIVE_INTERVAL = 2.0
+DIRECT_DIAL_TIMEOUT = 3.0  # a plain dial to an address that answers is done within a few round trips
+PUNCH_ROUND_TIMEOUT = 5.0
+PUNCH_POLL = 0.2
 
 
 def punch_candidates(observed: list[tuple[str, int]], listening: list[str]) -> list[str]:
@@ -97,7 +126,27 @@ def initiates(ours: str, theirs: str) -> bool:
 
 
 class HolePuncher(DCUtRProtocol):
-    """py-libp2p's DCUtR with our candidate addresses, one session per pair, no dial to an address of ours."""
+    """py-libp2p's DCUtR with our candidate addresses, one session per pair, dials only to `punch_targets`."""
+
+    def __init__(self, host: Any, *, allow_private_addrs: bool = False, **options: Any) -> None:
+        """`allow_private_addrs` lets punches go to private and loopback addresses: tests and local swarms only."""
+        super().__init__(host, **options)
+        self.allow_private_addrs = allow_private_addrs
+        self._responding: set[ID] = set()  # peers whose session we answer now
+
+    async def _handle_dcutr_stream(self, stream: Any) -> None:
+        """Answer a peer's session unless one with it runs already or `MAX_PUNCH_SESSIONS` do (then reset)."""
+        peer_id = stream.muxed_conn.peer_id
+        running = self._in_progress | self._responding
+        if peer_id in running or len(running) >= MAX_PUNCH_SESSIONS:
+            logger.debug("hole punch: refusing a session from %s (%d running)", peer_id, len(running))
+            await reset_quietly(stream)
+            return
+        self._responding.add(peer_id)
+        try:
+            await super()._handle_dcutr_stream(stream)
+        finally:
+            self._responding.discard(peer_id)
 
     async def initiate_hole_punch(self, peer_id: ID) -> bool:
         """Start a session only if we are the pair's initiator (`initiates`); else the peer starts one.
@@ -150,12 +199,67 @@ class HolePuncher(DCUtRProtocol):
         logger.debug("hole punch: advertising %s", ", ".join(candidates) or "nothing")
         return [Multiaddr(address).to_bytes() for address in candidates]
 
+    def _decode_observed_addrs(self, addr_bytes: list[bytes]) -> list[Multiaddr]:
+        """The `punch_targets` of a peer's CONNECT (at most `MAX_CANDIDATES`); py-libp2p stores and dials these."""
+        named = [str(address) for address in super()._decode_observed_addrs(addr_bytes)]
+        return [Multiaddr(address) for address in self._targets(named, MAX_CANDIDATES)]
+
+    async def _try_unilateral_upgrade(self, peer_id: ID) -> bool:
+        """Dial the peer's known `punch_targets` at once for `DIRECT_DIAL_TIMEOUT` s; True if a direct connection is up.
+
+        Every session starts with it, and it is what succeeds after a punch
+        that failed: the peer's punch dials opened its NAT's filter to us.
+        """
+        targets = self._targets(self._known_addrs(peer_id), MAX_PUNCH_ADDRS)
+        if not targets:
+            return False
+        with trio.move_on_after(DIRECT_DIAL_TIMEOUT):
+            async with trio.open_nursery() as nursery:
+                for address in targets:
+                    nursery.start_soon(self._dial_peer, peer_id, Multiaddr(address))
+        return await self._verify_direct_connection(peer_id)
+
+    async def _perform_hole_punch(self, peer_id: ID, addrs: list[Multiaddr], as_responder: bool = False) -> bool:
+        """One round of dials from our listen port to the `punch_targets` of `addrs` and of what we knew of the peer.
+
+        True once a direct connection is up (the relayed one is then closed
+        after py-libp2p's grace period). Dials still out after
+        `PUNCH_ROUND_TIMEOUT` s are cancelled.
+        """
+        targets = self._targets([str(address) for address in addrs] + self._known_addrs(peer_id), MAX_PUNCH_ADDRS)
+        if not targets:
+            return False
+        source = next(((ip, port) for _, ip, port in _local_tcp_listen_addrs(self.host)), None)
+        async with trio.open_nursery() as nursery:
+            for address in targets:
+                nursery.start_soon(self._dial_peer, peer_id, Multiaddr(address), source, as_responder)
+            with trio.move_on_after(PUNCH_ROUND_TIMEOUT):
+                while not await self._verify_direct_connection(peer_id):
+                    await trio.sleep(PUNCH_POLL)
+            nursery.cancel_scope.cancel()
+        if not await self._verify_direct_connection(peer_id):
+            return False
+        self._schedule_relay_close(peer_id)
+        return True
+
     async def _dial_peer(
         self, peer_id: ID, addr: Multiaddr, source: tuple[str, int] | None = None, as_responder: bool = False
     ) -> None:
-        endpoint = tcp_endpoint(str(addr).split("/p2p/")[0])
-        own = {address for address, _ in observed_mappings(self.host)}
-        if endpoint is not None and tcp_address(*endpoint) in own:
-            logger.debug("hole punch: %s is our own mapping; not dialling it", addr)
+        """Dial `addr` only if `punch_targets` allows it (every dial of a session is picked there already)."""
+        if not self._targets([str(addr)], 1):
+            logger.debug("hole punch: not dialling %s at %s", peer_id, addr)
             return
         await super()._dial_peer(peer_id, addr, source, as_responder)
+
+    def _targets(self, addrs: list[str], limit: int) -> list[str]:
+        own = frozenset(tcp_address(*endpoint) for address, _ in observed_mappings(self.host)
+                        if (endpoint := tcp_endpoint(address.split("/p2p/")[0])) is not None)
+        return punch_targets(addrs, limit=limit, own=own, allow_private_addrs=self.allow_private_addrs)
+
+    def _known_addrs(self, peer_id: ID) -> list[str]:
+        """The peer's direct addresses in our peerstore (Identify, its peer record, an earlier CONNECT)."""
+        try:
+            known = self.host.get_peerstore().addrs(peer_id)
+        except Exception:  # noqa: BLE001 - py-libp2p raises when it knows no address of the peer
+            return []
+        return [str(address) for address in known if not is_relayed(str(address))]

@@ -18,7 +18,13 @@ What bounds the work a peer can make us do:
 * a helper forwards only addresses at the IP the asking peer's connection
   comes from (`addrs_at_ip`), and only plain TCP ones, so no one can use the
   mesh to dial a third party; a request over a relayed connection has no
-  such IP and is answered ``no-address``.
+  such IP and is answered ``no-address``;
+* the dialer does not trust the helper for that (the helper may be the one
+  attacking): it dials only public unicast addresses, all at one IP
+  (`dial_back_targets`), so a peer can make it dial neither its own host or
+  LAN nor several hosts at once; anything else is answered ``no-address``.
+  Both ends take private addresses only with ``allow_private_addrs`` (tests,
+  local swarms; `locomesh.node.nat.addresses`).
 """
 
 from __future__ import annotations
@@ -42,7 +48,7 @@ from locomesh.node.streams import close_quietly, read_frame, write_frame
 from locomesh.protocol import Envelope, ProtocolError, decode, encode
 from locomesh.protocol.kinds import REACH_DELEGATE, REACH_DIALBACK, REACH_REQUEST, REACH_RESULT
 
-from locomesh.node.nat.addresses import addrs_at_ip, is_private_ip, tcp_address, tcp_endpoint
+from locomesh.node.nat.addresses import addrs_at_ip, dial_back_targets, is_private_ip, tcp_address, tcp_endpoint
 from locomesh.node.nat.connections import DIRECT, ConnectionFacts, facts_of, facts_of_stream
 from locomesh.node.nat.listen_port import from_ephemeral_port
 from locomesh.node.nat.reachability import UNKNOWN, RateLimiter, ReachabilityTracker
@@ -97,7 +103,9 @@ class ReachabilityService:
         libp2p_clock: Callable[[], float] = time.time,
         rng: random.Random | None = None,
         nonces: Callable[[int], bytes] = secrets.token_bytes,
+        allow_private_addrs: bool = False,
     ) -> None:
+        """`allow_private_addrs` lets dial-backs go to private and loopback addresses: tests and local swarms only."""
         self.interval = interval
         self.retry_interval = retry_interval
         self.first_delay = first_delay
@@ -107,6 +115,7 @@ class ReachabilityService:
         self._libp2p_clock = libp2p_clock  # what py-libp2p stamps connections with (virtual in netsim)
         self._rng = rng or random.SystemRandom()
         self._nonces = nonces  # unpredictable bytes; only a simulation passes a seeded source (a repeatable run)
+        self.allow_private_addrs = allow_private_addrs
         self.tracker = ReachabilityTracker(now=clock)
         self._request_limit = RateLimiter(clock, burst=3, interval=20.0)
         self._delegate_limit = RateLimiter(clock, burst=6, interval=10.0)
@@ -228,7 +237,8 @@ class ReachabilityService:
         if not self._request_limit.allow(asker):
             return "busy", "", ""
         facts = facts_of_stream(stream)
-        addrs = addrs_at_ip(body["addrs"], facts.remote_ip if facts else None, limit=MAX_DIAL_ADDRS)
+        addrs = addrs_at_ip(body["addrs"], facts.remote_ip if facts else None, limit=MAX_DIAL_ADDRS,
+                            allow_private_addrs=self.allow_private_addrs)
         if not addrs:
             return "no-address", "", ""
         dialers = [peer for peer in self._direct_peers() if peer != asker]
@@ -245,7 +255,12 @@ class ReachabilityService:
         return "no-dialer", "", ""
 
     async def _dial_back(self, helper: str, body: dict[str, Any]) -> tuple[str, str, str]:
-        """As dialer C: dial the target on a fresh connection at each address until one answers."""
+        """As dialer C: dial the target on a fresh connection at each address until one answers.
+
+        Only the addresses `dial_back_targets` keeps are dialled (public
+        unicast, one IP, at most `MAX_DIAL_ADDRS`); a request with none is
+        answered ``no-address`` without any dial.
+        """
         node = self._require_node()
         target = body["target"]
         try:
@@ -256,7 +271,7 @@ class ReachabilityService:
             return "no-dialer", "", ""
         if not self._delegate_limit.allow(helper):
             return "busy", "", ""
-        addrs = [addr for addr in body["addrs"] if tcp_endpoint(addr) is not None][:MAX_DIAL_ADDRS]
+        addrs = dial_back_targets(body["addrs"], limit=MAX_DIAL_ADDRS, allow_private_addrs=self.allow_private_addrs)
         if not addrs:
             return "no-address", "", ""
         try:

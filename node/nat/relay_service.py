@@ -112,7 +112,9 @@ class RelayService:
         bounds: RelayBounds = RelayBounds(),
         discovery: Callable[[], Any] | None = None,
         extra_addrs: Callable[[], list[str]] = list,
+        allow_private_addrs: bool = False,
     ) -> None:
+        """`allow_private_addrs` lets hole punches go to private and loopback addresses: tests and local swarms only."""
         if mode not in RELAY_MODES:
             raise ValueError(f"relay mode {mode!r} is not one of {RELAY_MODES}")
         self._reachability = reachability
@@ -122,6 +124,7 @@ class RelayService:
         self.bounds = bounds
         self._discovery = discovery or (lambda: None)
         self._extra_addrs = extra_addrs  # proved addresses beside our listen ones (a gateway's port mapping)
+        self.allow_private_addrs = allow_private_addrs
         self.reserved: dict[str, float] = {}  # relay peer ID -> when we last reserved (trio clock)
         self.offering = False
         self._published: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())  # (extra addrs, relay addrs)
@@ -146,7 +149,8 @@ class RelayService:
             # py-libp2p registered its stop handler bare; an error escaping it would take the host down.
             node.host.set_stream_handler(STOP_PROTOCOL_ID, _contained(self._protocol._handle_stop_stream, node))
             if self.hole_punch:
-                await stack.enter_async_context(background_trio_service(HolePuncher(node.host)))
+                await stack.enter_async_context(background_trio_service(
+                    HolePuncher(node.host, allow_private_addrs=self.allow_private_addrs)))
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 nursery.start_soon(self._keep_links)

@@ -11,7 +11,8 @@ from locomesh.node.nat.relay_service import RelayService
 
 
 def nat_services(
-    *, relay: str, nat_traversal: str, discovery: Callable[[], Any], port_mapping: str = "on"
+    *, relay: str, nat_traversal: str, discovery: Callable[[], Any], port_mapping: str = "on",
+    allow_private_addrs: bool = False,
 ) -> list[Any]:
     """The reachability check, the gateway port mapper and the relay service, all acting on its verdict.
 
@@ -23,7 +24,9 @@ def nat_services(
     only once a dial-back proves it. Every address a dial-back proved (a mapped
     one, or the observed one of a port-preserving NAT or a port forward) goes
     into the peer record: a node found public at such an address reserves no
-    relay, so without it nobody could reach it.
+    relay, so without it nobody could reach it. Dial-backs and hole punches
+    go to public unicast addresses only unless `allow_private_addrs` (tests and
+    local swarms on loopback or one LAN; `locomesh.node.nat.addresses`).
     """
     mapper = PortMappingService(
         lambda: reach.verdict,
@@ -31,7 +34,8 @@ def nat_services(
         enabled=port_mapping == "on",
         on_mapped=lambda: reach.probe_soon(),
     )
-    reach = ReachabilityService(addresses=lambda node: advertised_addrs(node) + mapper.candidate_addrs())
+    reach = ReachabilityService(addresses=lambda node: advertised_addrs(node) + mapper.candidate_addrs(),
+                                allow_private_addrs=allow_private_addrs)
     traversal = nat_traversal == "on"
     relay_service = RelayService(
         lambda: reach.verdict,
@@ -40,6 +44,7 @@ def nat_services(
         hole_punch=traversal,
         discovery=discovery,
         extra_addrs=lambda: _unique(mapper.advertised_addrs() + reach.tracker.confirmed_addrs()),
+        allow_private_addrs=allow_private_addrs,
     )
     return [reach, mapper, relay_service]
 

@@ -238,6 +238,20 @@ class CrdtService:
         """Has a pull of `run_id` from a peer gone through since the run was opened here?"""
         return run_id in self._pulled
 
+    def has_standing(self, peer_id: str) -> bool:
+        """Is `peer_id` a member of a run replicated here with influence there: trusted at genesis,
+        or earned (a certified round accepted its contribution)? What a node serves before anyone
+        else (upload slots, the doctor probe): a join is free in an open run, standing is not."""
+        try:
+            key = public_key_from_peer_id(peer_id)
+        except ProtocolError:
+            return False
+        for replica in list(self.replicas.values()):
+            state = replica.state
+            if key in state.members and (key in state.earned or key in replica.genesis.trusted):
+                return True
+        return False
+
     def ban_reason(self, run_id: bytes) -> str | None:
         """Why this node's key is banned in `run_id`, or None if it is not (or the run is not replicated)."""
         return self._bans.get(run_id)

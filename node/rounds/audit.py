@@ -8,15 +8,27 @@ on the certified state of the round before (bit-exact on every CPU), and hashes 
 makes it (`RoundService.join`). So whoever holds a round's committed payloads can recompute it.
 Per certified round r, from the certified state of round r - 1:
 
-- ``ok``: the set of one of r's proposals gives the certified hash (the proposals that the
+Only the proposals of r's electorate count (the electorates of the attempts up to the certifying
+one, as `crdt/electorate.py` derives them into the certificate): honest peers follow no other
+proposer, so anyone else's set cannot be what they computed.
+
+- ``ok``: the set of one of those proposals gives the certified hash (the proposals that the
   certificate's voters name in their votes are tried first);
-- ``mismatch``: every proposed set was built here and none gives it (a set holding a payload that
-  breaks the run's limits counts as built: every honest peer refuses it): the certificate does
-  not follow from its contributions. Its voters signed a hash no honest peer computes: that is
-  the evidence, and the report names them;
-- ``missing``: some set could not be built here, so no verdict: payloads not in the store (an
-  archive node, `node start --archive`, keeps them all; others only the last few rounds), or a
-  commit or a proposal named in votes that this node's op log lacks (or holds twice).
+- ``mismatch``: every such set was built here, or is *bogus*, and none gives it: the certificate
+  does not follow from its contributions. Its voters signed a hash no honest peer computes: that
+  is the evidence, and the report names them. A set is bogus when it names an author with no
+  commit for the round in the op log: no honest peer aggregated it (it proposes only authors
+  whose commits it holds). A set holding a payload that breaks the run's limits counts as built
+  (every honest peer refuses it); an author with two commits (an equivocation) is tried with each;
+- ``missing``: some set could not be built here for want of payloads in the store, so no
+  verdict (an archive node, `node start --archive`, keeps them all; others only the last few
+  rounds; `run audit --fetch` downloads them), or because it names more authors with two
+  commits than there is time to try (MAX_VARIANTS).
+
+The op log is taken as this node holds it: what it lacks (a commit, a proposal that votes name)
+is not a gap that could hide a verdict, since any member could make such a gap on purpose (a
+proposal naming a key that never committed, votes naming a proposal never made). So audit from a
+node that has synced the run.
 
 After a round that is not ok the replay goes on from that round's certified state if the store
 holds an attested checkpoint of it with the certified hash; else it stops, and the next round is
@@ -35,6 +47,8 @@ written is left out) and every store write is atomic (a checkpoint removed meanw
 
 from __future__ import annotations
 
+import itertools
+import math
 import os
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
@@ -55,6 +69,9 @@ from locomesh.node.runs.store import RunStore
 from locomesh.node.transfer.store import is_missing, load_checkpoint, load_payload
 
 OK, MISMATCH, MISSING = "ok", "mismatch", "missing"
+# Equivocating authors in one set make one set per choice of their commits; past this many the
+# set is left unbuilt (a gap), so that equivocations cannot make an audit run for ever.
+MAX_VARIANTS = 64
 
 # (checkpoint ID, the limits it must keep) -> a payload's bytes, or a state's tensors by name.
 # Both raise `Missing` when the checkpoint is not (wholly) here, a `ValueError` when it is bad.
@@ -80,13 +97,14 @@ class RoundAudit:
     proposer: bytes | None = None  # ok: whose proposed set gives the certified hash
     voters: tuple[bytes, ...] = ()  # mismatch: who signed the certificate
     missing: tuple[bytes, ...] = ()  # missing: the checkpoint IDs (payloads or states) not here
+    bogus: tuple[bytes, ...] = ()  # the electorate members whose proposed set names an author with no commit
     note: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return {"round": self.round, "verdict": self.verdict, "certified": self.certified.hex(),
                 "proposer": None if self.proposer is None else self.proposer.hex(),
                 "voters": [v.hex() for v in self.voters], "missing": [m.hex() for m in self.missing],
-                "note": self.note}
+                "bogus": [b.hex() for b in self.bogus], "note": self.note}
 
 
 def audit_rounds(facts: Facts, genesis: Genesis, participant: Any, *, load_payload: PayloadLoader,
@@ -171,35 +189,40 @@ class _Replay:
         before = self.participant.snapshot()  # the outer step never writes into arrays it handed out
         gaps = _Gaps()
         tried = 0
-        candidates = self._candidates(number, certificate.voters, gaps)
+        candidates = self._candidates(number, certificate, gaps)
         for proposer, authors in candidates:
-            payloads = self._payloads(number, authors, gaps)
-            if payloads is None:
-                continue
-            if tried:
-                self.participant.adopt(before.tensors, number - 1)
-            tried += 1
-            try:
-                self.participant.aggregate(payloads)
-            except ValueError:  # nothing valid to apply: an honest peer votes for no hash
-                continue
-            if self.participant.state_hash() == certificate.hash:
-                return RoundAudit(number, OK, certificate.hash, proposer=proposer)
+            for payloads in self._builds(number, proposer, authors, gaps):
+                if tried:
+                    self.participant.adopt(before.tensors, number - 1)
+                tried += 1
+                try:
+                    self.participant.aggregate(payloads)
+                except ValueError:  # nothing valid to apply: an honest peer votes for no hash
+                    continue
+                if self.participant.state_hash() == certificate.hash:
+                    return RoundAudit(number, OK, certificate.hash, proposer=proposer)
+        bogus = tuple(sorted(gaps.bogus))
         if gaps:  # a set not built here might give the hash: no verdict
-            return RoundAudit(number, MISSING, certificate.hash, missing=tuple(sorted(gaps.ids)),
-                              note="; ".join(sorted(gaps.notes)))
-        return RoundAudit(number, MISMATCH, certificate.hash, voters=tuple(sorted(certificate.voters)),
-                          note=f"none of the {len(candidates)} proposed sets ({tried} computed) gives the certified hash")
+            return RoundAudit(number, MISSING, certificate.hash, missing=tuple(sorted(gaps.ids)), bogus=bogus,
+                              note="; ".join([*sorted(gaps.notes), *sorted(gaps.remarks)]))
+        summary = (f"none of the {len(candidates)} sets proposed by the electorate ({tried} computed) "
+                   "gives the certified hash")
+        return RoundAudit(number, MISMATCH, certificate.hash, voters=tuple(sorted(certificate.voters)), bogus=bogus,
+                          note="; ".join([summary, *sorted(gaps.remarks)]))
 
-    def _candidates(self, number: int, voters: frozenset[bytes], gaps: _Gaps) -> list[tuple[bytes, tuple[bytes, ...]]]:
-        """(proposer, set) for each distinct set proposed in round `number`, those the certificate's
-        voters name in their votes first (most named first). A named proposal that is not in the
-        op log is a gap (an honest vote always names the proposal it followed: `PublishVote`)."""
-        proposed = self.facts.proposals_in(number)
-        named = Counter(proposer for voter in voters for _attempt, _hash, proposer in self.facts.votes_in(number).get(voter, ())
+    def _candidates(self, number: int, certificate: Certificate, gaps: _Gaps) -> list[tuple[bytes, tuple[bytes, ...]]]:
+        """(proposer, set) for each distinct set that a member of round `number`'s electorate
+        proposed, those the certificate's voters name in their votes first (most named first).
+        A named proposal that is not in the op log, or not the electorate's, is remarked on only
+        (module docstring)."""
+        electorate = frozenset().union(*certificate.attempts)
+        proposed = {p: sets for p, sets in self.facts.proposals_in(number).items() if p in electorate}
+        votes = self.facts.votes_in(number)
+        named = Counter(proposer for voter in certificate.voters for _attempt, _hash, proposer in votes.get(voter, ())
                         if proposer)
         for proposer in sorted(set(named) - set(proposed)):
-            gaps.notes.add(f"the proposal of {proposer.hex()[:16]} named in votes is not in this node's op log")
+            why = "which this node's op log lacks" if proposer in electorate else "not of the round's electorate"
+            gaps.remarks.add(f"votes name a proposal by {proposer.hex()[:16]}, {why}")
         ordered, seen = [], set()
         for proposer in sorted(proposed, key=lambda p: (-named[p], p)):
             for authors in sorted(proposed[proposer]):
@@ -208,35 +231,49 @@ class _Replay:
                     ordered.append((proposer, authors))
         return ordered
 
-    def _payloads(self, number: int, authors: tuple[bytes, ...], gaps: _Gaps) -> dict[bytes, bytes] | None:
-        """The payloads of `authors` by author, as an honest peer aggregates them; None if one is
-        not here or its commit is unclear (noted in `gaps`), or the set cannot be what an honest peer
-        aggregated (a payload that breaks the run's limits: every honest peer refuses it)."""
+    def _builds(self, number: int, proposer: bytes, authors: tuple[bytes, ...],
+                gaps: _Gaps) -> Iterator[dict[bytes, bytes]]:
+        """The payloads of `authors` by author, each way an honest peer could have aggregated them:
+        one, or one per choice among the commits of the authors that committed twice. None at all
+        when the set is bogus (an author with no commit: `gaps.bogus`) or has too many choices (a
+        gap); none of a choice whose payload is not here (a gap) or breaks the run's limits (every
+        honest peer refuses it)."""
         commits = self.facts.commits_in(number)
-        payloads, complete = {}, True
-        for author in authors:
-            said = commits.get(author, set())
-            if len(said) != 1:  # none in our log (not synced?), or two (an equivocation): either might be it
-                gaps.notes.add(f"{len(said)} commits of {author.hex()[:16]} in this node's op log")
-                complete = False
-                continue
-            ((payload_id, size),) = said
+        choices = [sorted(commits.get(author, ())) for author in authors]
+        lacking = [author for author, said in zip(authors, choices) if not said]
+        if lacking:
+            gaps.bogus.add(proposer)
+            gaps.remarks.add(f"the set proposed by {proposer.hex()[:16]} is bogus: no commit of "
+                             + ", ".join(author.hex()[:16] for author in lacking))
+            return
+        if math.prod(map(len, choices)) > MAX_VARIANTS:
+            gaps.notes.add(f"the set proposed by {proposer.hex()[:16]} names too many authors with two commits to try")
+            return
+        loaded: dict[tuple[bytes, int], bytes | None] = {}  # commit -> its payload, None if it breaks the limits
+        for payload_id, size in sorted({commit for said in choices for commit in said}):
             try:
-                payloads[author] = self.load_payload(payload_id, self.participant.payload_limits(self.run_id, number, size))
+                loaded[(payload_id, size)] = self.load_payload(
+                    payload_id, self.participant.payload_limits(self.run_id, number, size))
             except Missing:
                 gaps.ids.add(payload_id)
-                complete = False
             except ValueError:
-                return None
-        return payloads if complete else None
+                loaded[(payload_id, size)] = None
+        for variant in itertools.product(*choices):
+            payloads = [loaded.get(commit) for commit in variant]
+            if all(payload is not None for payload in payloads):
+                yield dict(zip(authors, payloads))
 
 
 class _Gaps:
-    """What kept a round's sets from being built here: checkpoint IDs not in the store, and notes."""
+    """What kept a round's sets from being built here: checkpoint IDs not in the store, and notes
+    on them (both hold a verdict back); and what is only remarked on: the bogus sets' proposers
+    (`bogus`), and remarks."""
 
     def __init__(self) -> None:
         self.ids: set[bytes] = set()
         self.notes: set[str] = set()
+        self.bogus: set[bytes] = set()
+        self.remarks: set[str] = set()
 
     def __bool__(self) -> bool:
         return bool(self.ids or self.notes)

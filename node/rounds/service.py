@@ -6,7 +6,7 @@ service, whose parts it uses. RPC methods:
     run.join(run_id) -> {"run_id", "joins_at"}
     run.leave(run_id) -> {"run_id", "last_round"}
     run.pause(run_id) -> {"run_id", "paused", "after_round"}: sit rounds out, keep the state current (pauses.py)
-    run.resume(run_id) -> {"run_id", "paused"}: contribute again from the next round
+    run.resume(run_id) -> {"run_id", "paused", "round"}: contribute again from the next round
     run.status(run_id) -> phase, what the round waits for, members (by peer ID: member_peers), and the
         finished rounds, kept in the data dir (history.py): for a run left, phase "left" and those rounds
     run.export(run_id, directory) -> {"round", "files"}: the certified model, as files other tools load
@@ -362,12 +362,13 @@ class RoundService:
         return {"run_id": format_run_id(raw_id), "paused": True, "after_round": after}
 
     async def _rpc_resume(self, run_id: str) -> dict[str, Any]:
-        """Contribute again, from the next round this node can join, with the state it holds."""
+        """Contribute again, from the next round this node can join, with the state it holds;
+        {"run_id", "paused": False, "round": the round of that state}."""
         raw_id = _parse(run_id, self._known_ids())
         participation = self._joined(raw_id)
         await self.offload(self.paused.resume, raw_id)
         participation.paused = False
-        return {"run_id": format_run_id(raw_id), "paused": False}
+        return {"run_id": format_run_id(raw_id), "paused": False, "round": participation.machine.state_round}
 
     async def _rpc_status(self, run_id: str) -> dict[str, Any]:
         raw_id = _parse(run_id, self._known_ids())

@@ -20,8 +20,11 @@ Bounds, so that a local process that misbehaves cannot hurt the node:
   `MAX_WAITING` more have their first request read: one that carries the
   cookie is served in one of `RESERVED_CONNECTIONS` reserved slots (so the
   CLI still gets through while idle connections hold the others), any other
-  is answered 503 with ``Connection: close``. Connections past those are
-  closed at once. Refusals are counted through `on_reject` ("busy").
+  is answered 503 with ``Connection: close``. A connection that finds every
+  waiting slot taken pushes out the oldest waiting one (none of them has shown
+  the cookie: one that does leaves its waiting slot), so idle connections
+  cannot lock the cookie holder out, whoever opens them. Refusals and
+  connections pushed out are counted through `on_reject` ("busy").
 
 Shutdown: `stop()` ends the accept loop at once; idle connections are closed,
 requests already being served get up to `DRAIN_TIMEOUT` seconds to be
@@ -36,7 +39,7 @@ import hmac
 import logging
 import math
 import socket
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any, Protocol
 
@@ -101,7 +104,7 @@ class RpcServer:
         self._stopping = trio.Event()
         self._connections = _Slots(max_connections)
         self._reserved = _Slots(reserved_connections)
-        self._waiting = _Slots(max_waiting)
+        self._waiting = _Waiting(max_waiting)
         self._context = WorkerContext(None)  # Hypercorn's: `terminated` tells connections we stop
         self._failures = _Throttled(FAILURE_LOG_EVERY)
         self.port: int | None = None
@@ -151,21 +154,26 @@ class RpcServer:
 
     async def _serve_in_a_slot(self, config: Config, stream: trio.SocketStream) -> None:
         """Hypercorn on `stream` in a free slot; past them, behind an `_Overflow` gate in a waiting
-        slot; past those too, nothing (the caller closes it)."""
+        slot, until it is served or pushed out by a newer connection (the caller then closes it);
+        with no waiting slots at all, nothing."""
         if self._connections.take():
             try:
                 await self._hypercorn(config, stream, self._served)
             finally:
                 self._connections.release()
-        elif self._waiting.take():
+        elif self._waiting.total:
             gate = _Overflow(
                 self.app, authorized=self._authorized, reserved=self._reserved, waiting=self._waiting,
                 on_reject=self._on_reject,
             )
-            try:
-                await self._hypercorn(config, stream, wrap_app(gate, 0, "asgi"))
-            finally:
-                gate.release()
+            with trio.CancelScope() as scope:
+                self._waiting.take(gate, push_out=scope.cancel)
+                try:
+                    await self._hypercorn(config, stream, wrap_app(gate, 0, "asgi"))
+                finally:
+                    gate.release()
+            if scope.cancelled_caught:
+                self._on_reject("busy")
         else:
             self._on_reject("busy")  # closed at once: even its request would cost a slot to read
 
@@ -185,11 +193,11 @@ class _Overflow:
     until then each is answered 503 with ``Connection: close``. `release()` gives back what it holds."""
 
     def __init__(self, app: ASGIApp, *, authorized: Any, reserved: _Slots,
-                 waiting: _Slots, on_reject: OnReject) -> None:
+                 waiting: _Waiting, on_reject: OnReject) -> None:
         self._app = app
         self._authorized = authorized
         self._reserved = reserved
-        self._waiting: _Slots | None = waiting
+        self._waiting: _Waiting | None = waiting
         self._holds_reserved = False
         self._on_reject = on_reject
 
@@ -209,9 +217,9 @@ class _Overflow:
         return self._holds_reserved
 
     def _release_waiting(self) -> None:
-        """Give back the waiting slot, once."""
+        """Give back the waiting slot (if it was not taken from us), once."""
         if self._waiting is not None:
-            self._waiting.release()
+            self._waiting.release(self)
             self._waiting = None
 
     def release(self) -> None:
@@ -269,6 +277,32 @@ class _Slots:
         """Give back a slot taken with `take`."""
         assert self.taken > 0, "a slot given back that was not taken"
         self.taken -= 1
+
+
+class _Waiting:
+    """The waiting slots, each held by one connection, oldest first: when all are held, a newcomer
+    takes the oldest one's slot, and that connection is pushed out."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self._holders: dict[object, Callable[[], None]] = {}  # holder -> how to push it out, oldest first
+
+    @property
+    def taken(self) -> int:
+        return len(self._holders)
+
+    def take(self, holder: object, *, push_out: Callable[[], None]) -> None:
+        """Give `holder` a slot, pushing out the oldest holder if none is free (`push_out` is
+        called when `holder` is pushed out in its turn). At least one slot must exist."""
+        assert self.total > 0, "no waiting slots"
+        if len(self._holders) >= self.total:
+            oldest = next(iter(self._holders))
+            self._holders.pop(oldest)()
+        self._holders[holder] = push_out
+
+    def release(self, holder: object) -> None:
+        """Give back `holder`'s slot; nothing if it was pushed out."""
+        self._holders.pop(holder, None)
 
 
 def _listen(port: int) -> socket.socket:

@@ -9,7 +9,9 @@ that crashed long ago hand the job over as their membership lapses.
 
 A keeper's `CardPublisher` signs one cards record under ``/locomesh/cards/<its peer id>`` with a
 card per public run it keeps, and provides the directory key of each such run's shard for the
-current epoch (and the next one, shortly before it starts). It looks at its replicas every
+current epoch and every epoch starting within `records.DIRECTORY_LEAD` (early, so it holds a
+provider slot before strangers who race for the key later; a browser counts its card only if it
+is verifiably a participant of the run: node/runs/directory.py). It looks at its replicas every
 `POLL_INTERVAL` seconds: a run it starts or stops keeping (a join, a leave, a lapse, a new
 keeper) is published at once; otherwise the record is re-signed every `REFRESH_INTERVAL` (well
 inside `MAX_CARDS_TTL`, after which it is refused). Once it keeps nothing, it publishes one

@@ -1,9 +1,13 @@
 """The checkpoint service: serve local checkpoints' manifests and chunks, and download others'.
 
 Serving (`/locomesh/ckpt/1`, see `wire`): a stream carries any
-number of requests. At most `max_uploads` requests are served at once across
-all streams; one more gets a ``busy`` answer at once (backpressure the asker
-understands) instead of queueing unboundedly. What is served: the checkpoints
+number of requests. Each answer holds an upload slot (`slots`): at most
+`max_uploads` across all streams, `uploads_per_peer` of them by one peer,
+`stranger_uploads` by peers with no standing in a run here (`is_member`),
+each for as long as its size allows at a minimum rate; a request that finds
+no slot gets a ``busy`` answer at once (backpressure the asker understands)
+instead of queueing unboundedly, and an answer not written in time has its
+stream reset. What is served: the checkpoints
 held in memory (`held`: a round's payloads, see held.py), then the store, the
 data dir's ``checkpoints/`` (`locomesh.node.transfer.store`); only a
 checkpoint whose every chunk is here (in the store, whose manifest is
@@ -44,6 +48,7 @@ from libp2p.peer.id import ID
 
 from locomesh.dht import records
 from locomesh.dht.discovery import Discovery, DiscoveryError
+from locomesh.protocol import ProtocolError
 from locomesh.training.checkpoint_manifest import CheckpointError, Manifest
 
 from locomesh.node.transfer import wire as wire
@@ -52,17 +57,20 @@ from locomesh.node.transfer.download import (
 )
 from locomesh.node.transfer.dataplane import DataPlaneServer
 from locomesh.node.transfer.held import HeldCheckpoints
+from locomesh.node.transfer.slots import (
+    MAX_STRANGER_UPLOADS, MAX_UPLOADS, MAX_UPLOADS_PER_PEER, MemberTest, UploadSlots, write_deadline,
+)
 from locomesh.node.transfer.states import RUNNING_STATES
 from locomesh.node.transfer.store import checkpoint_ids, read_stored_chunk, read_stored_manifest
 from locomesh.node.peer_scores import PeerScores
 from locomesh.node.rpc.dispatch import RpcError
 from locomesh.node.runtime import Node
+from locomesh.node.streams import reset_quietly
 
 logger = logging.getLogger(__name__)
 
-MAX_UPLOADS = 16
 IDLE_TIMEOUT = 60.0  # a stream with no request for this long is closed
-FRAME_TIMEOUT = 30.0
+FRAME_TIMEOUT = 30.0  # a busy answer (a few bytes, no slot held) must be written within this
 MAX_PROVIDERS = 64
 MAX_KEPT_DOWNLOADS = 32
 MAX_STREAMS = 16  # per provider; py-libp2p allows 256 outbound streams per connection in all
@@ -83,18 +91,24 @@ class CheckpointService:
         directory: str | Path,
         *,
         max_uploads: int = MAX_UPLOADS,
+        uploads_per_peer: int = MAX_UPLOADS_PER_PEER,
+        stranger_uploads: int = MAX_STRANGER_UPLOADS,
+        is_member: MemberTest | None = None,
         dataplane: bool = True,
         discovery: DiscoverySource | None = None,
         offload: Offload = trio.to_thread.run_sync,
     ) -> None:
         """`discovery`: returns the node's `Discovery` (None until it runs); without it nothing is
-        announced and every download needs its providers given. `offload`: how blocking store work runs."""
+        announced and every download needs its providers given. `offload`: how blocking store work runs.
+        `is_member(peer ID)`: has that peer standing in a run this node replicates (served before
+        strangers, see `slots`); without it every asker is served alike."""
         self.directory = Path(directory)
         self.dataplane = dataplane
         self._discovery = discovery
         self._offload = offload
         self.announced: set[bytes] = set()  # checkpoints whose provider record went out
-        self._uploads = trio.Semaphore(max_uploads)
+        self.uploads = UploadSlots(max_uploads, per_peer=uploads_per_peer, strangers=stranger_uploads,
+                                   is_member=is_member)
         self._manifests: OrderedDict[bytes, Manifest] = OrderedDict()
         self.held = HeldCheckpoints()  # a round's payloads, fetched into memory (served like the store's)
         self.bytes_served = 0  # manifests and chunks answered, since start
@@ -135,15 +149,16 @@ class CheckpointService:
         await self.serve_requests(stream, wire.remote_peer(stream))
 
     async def serve_requests(self, stream: Any, peer_id: str) -> None:
-        """Answer `peer_id`'s requests on `stream` (libp2p or data plane) until it closes it or idles."""
+        """Answer `peer_id`'s requests on `stream` (libp2p or data plane) until it closes it or idles.
+        A request that finds no upload slot for `peer_id` is answered busy; an answer not written
+        within its deadline resets `stream` and raises `ProtocolError("timeout")`."""
         assert self._node is not None
         while True:
             request = await wire.next_request(stream, peer_id, idle_timeout=IDLE_TIMEOUT)
             if request is None:
                 return
-            try:
-                self._uploads.acquire_nowait()
-            except trio.WouldBlock:
+            slot = self.uploads.take(peer_id)
+            if slot is None:
                 self._served.inc(answer=wire.BUSY)
                 await wire.answer(stream, self._node.identity, wire.BUSY, timeout=FRAME_TIMEOUT)
                 continue
@@ -151,10 +166,24 @@ class CheckpointService:
                 payload = await self._offload(self._read, request)
                 status = wire.NOT_FOUND if payload is None else wire.OK
                 self._served.inc(answer=status if request.index is None else f"chunk-{status}")
-                await wire.answer(stream, self._node.identity, status, payload or b"", timeout=FRAME_TIMEOUT)
+                await self._answer_in_time(stream, peer_id, status, payload or b"")
                 self.bytes_served += len(payload or b"")
             finally:
-                self._uploads.release()
+                slot.release()
+
+    async def _answer_in_time(self, stream: Any, peer_id: str, status: str, payload: bytes) -> None:
+        """Write the answer within `write_deadline` of its size, or reset `stream` and raise
+        `ProtocolError("timeout")`: the slot is not left to a reader that does not read."""
+        assert self._node is not None
+        deadline = write_deadline(len(payload), upload_cap=self._node.meter.bandwidth.upload.rate,
+                                  slots=self.uploads.total)
+        with trio.move_on_after(deadline):
+            await wire.answer(stream, self._node.identity, status, payload, timeout=deadline)
+            return
+        # Part of a frame may be out: nothing can follow it on this stream (the connection stays whole).
+        self._served.inc(answer="too-slow")
+        await reset_quietly(stream)
+        raise ProtocolError("timeout", f"{peer_id} did not read {len(payload)} bytes within {deadline:.1f} s")
 
     def _read(self, request: wire.Request) -> bytes | None:
         """The bytes a request asks for from memory or the local store, or None if it is not here
