@@ -17,34 +17,51 @@
 # ./gpu_check_out) it writes gpu_check.json, gpu_check.md and logs/ (one log a step, the
 # daemons' own logs beside). It exits 1 if any step failed or timed out, 130 if interrupted.
 #
-#   bench/gpu_check.sh --out "$OUT"            # on the GPU machine
-#   bench/gpu_check.sh --dry-run --out /tmp/x  # anywhere, on the CPU
+#   bench/gpu_check.sh --wheels .whl --out "$OUT"  # on the GPU machine, after bench/gpu_wheels.sh here
+#   bench/gpu_check.sh --dry-run --out /tmp/x      # anywhere, on the CPU
 #
 # It uses the repository's .venv (`--python` names another interpreter: a command, or a path from
 # the repository's root); where .venv is absent it is set up as `cli/dev` does it (which needs the
-# network).
+# network). `--wheels DIR` is for the lent GPU machine, where .venv cannot travel and nothing can be
+# fetched: the image's own `python3` (torch with CUDA; Python 3.12) is the interpreter unless
+# `--python` names another, and two steps come first: `wheels` installs DIR's wheels (made here by
+# bench/gpu_wheels.sh: locomesh and what the image lacks) into /tmp/locomesh-site, which every step
+# then finds on PYTHONPATH (the benches' `import locomesh` and the daemons they start inherit it),
+# and `deps` lists the pins of pyproject's tree that the image's own packages miss (its torch
+# 2.11 against our ==2.13.0, say: listed in the summary, no failure) and fails if a package is absent.
 set -euo pipefail
 
 top=$(cd "$(dirname "$0")/.." && pwd)
 
 usage() {
-    echo "usage: bench/gpu_check.sh [--dry-run] [--out DIR] [--python PATH]" >&2
+    echo "usage: bench/gpu_check.sh [--dry-run] [--out DIR] [--wheels DIR] [--python PATH]" >&2
 }
 
 parse_args() {
     out=${OUT:-./gpu_check_out}
     dry=0
-    py=.venv/bin/python
+    py=
+    wheels=
     while (($#)); do
         case $1 in
             --dry-run) dry=1 ;;
             --out) out=${2:?--out needs a folder}; shift ;;
+            --wheels) wheels=${2:?--wheels needs a folder}; shift ;;
             --python) py=${2:?--python needs a path}; shift ;;
             -h | --help) usage; exit 0 ;;
             *) usage; exit 2 ;;
         esac
         shift
     done
+    if [[ -n $wheels ]]; then
+        py=${py:-python3}
+        if ! compgen -G "$wheels/*.whl" >/dev/null; then
+            echo "gpu_check: no wheels in $wheels (bench/gpu_wheels.sh makes them)" >&2
+            exit 2
+        fi
+        wheels=$(cd "$wheels" && pwd)
+    fi
+    py=${py:-.venv/bin/python}
 }
 
 # Per mode: where things run, how big, and each step's limit in seconds. A mode's limits (venv's
@@ -73,6 +90,11 @@ configure() {
         diloco_preset=20m
         diloco_args=(--workers 4 --rounds 2 --inner-steps 15 --batch 8 --eval-sequences 128 --warm-steps 0
                      --ddp-lr 6e-3 --only ddp,fp32,int8 --jobs 3 --threads 4)
+    fi
+    # Under --wheels, its two steps come on top, with their time.
+    LIMIT+=([wheels]=45 [deps]=15)
+    if [[ -n $wheels ]]; then
+        BUDGET_S=$((BUDGET_S + LIMIT[wheels] + LIMIT[deps]))
     fi
 }
 
@@ -142,6 +164,67 @@ ensure_python() {
     fi
 }
 
+# Under --wheels: installs DIR's wheels into SITE, on PYTHONPATH for every step after, and checks
+# pyproject's tree there.
+SITE=/tmp/locomesh-site
+
+step_wheels() {
+    [[ -n $wheels ]] || return 0
+    run_step wheels cpu bash -c 'rm -rf "$1" && "$2" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+        --disable-pip-version-check --upgrade --target "$1" "${@:3}" && echo "installed $(($# - 2)) wheels into $1"' \
+        - "$SITE" "$py" "$wheels"/*.whl
+    export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH}
+    run_step deps cpu "$py" -c "$DEPS_PROBE"
+}
+
+# One JSON line: each package of locomesh's tree (its dependencies and `test` extra; selenium, for the
+# browser tests, aside) with the version found and whether it meets every pin on it, and each
+# top-level module installed from the wheels that fails to import (a compiled one the image's
+# libraries cannot load, say). It fails if a package is absent or a module fails; a version that
+# misses a pin (the image's torch) is listed, not a failure.
+DEPS_PROBE='
+import importlib, importlib.metadata as md, json, os, platform, sys
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+import locomesh.training
+found, differ, missing, todo, seen = {}, [], [], [("locomesh", ("test",))], set()
+while todo:
+    name, extras = todo.pop()
+    dist = md.distribution(name)
+    parent = dist.metadata["Name"]
+    for line in dist.requires or []:
+        req = Requirement(line)
+        if req.marker and not any(req.marker.evaluate({"extra": extra}) for extra in ("", *extras)):
+            continue
+        key = canonicalize_name(req.name)
+        if key == "selenium":
+            continue
+        try:
+            version = md.version(req.name)
+        except md.PackageNotFoundError:
+            missing.append(f"{req.name} (for {parent})")
+            continue
+        found[key] = version
+        if not req.specifier.contains(version, prereleases=True):
+            differ.append(f"{key} {version} (for {parent}: {req.specifier})")
+        if (key, tuple(sorted(req.extras))) not in seen:
+            seen.add((key, tuple(sorted(req.extras))))
+            todo.append((req.name, tuple(sorted(req.extras))))
+site, unloadable = os.environ.get("PYTHONPATH", "").split(os.pathsep)[0], []
+for top in sorted(md.packages_distributions()):
+    if site and top.isidentifier() and top != "locomesh" and (
+            os.path.isdir(os.path.join(site, top)) or os.path.isfile(os.path.join(site, top + ".py"))):
+        try:
+            importlib.import_module(top)
+        except Exception as error:
+            unloadable.append(f"{top}: {error!r}"[:200])
+print(json.dumps({"python": platform.python_version(), "executable": sys.executable,
+                  "locomesh": locomesh.training.__path__[0], "packages": len(found), "differ": sorted(set(differ)),
+                  "missing": sorted(set(missing)), "unloadable": unloadable, "versions": dict(sorted(found.items()))}))
+bad = sorted(set(missing)) + unloadable
+sys.exit("missing or failing to import: " + "; ".join(bad) if bad else 0)
+'
+
 step_card() {
     if command -v nvidia-smi >/dev/null; then
         run_step nvidia-smi "$device" nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
@@ -155,10 +238,12 @@ step_card() {
 
 # Prints torch's view of the machine as one JSON line; in gpu mode it fails without a CUDA device.
 TORCH_PROBE='
-import json, sys, torch
+import json, platform, sys, torch
 import locomesh.training.devices
 ok = torch.cuda.is_available()
 print(json.dumps({"torch": torch.__version__, "torch_cuda": torch.version.cuda, "cuda_available": ok,
+                  "python": platform.python_version(), "executable": sys.executable,
+                  "locomesh": locomesh.training.devices.__file__,
                   "devices": torch.cuda.device_count() if ok else 0,
                   "name": torch.cuda.get_device_name(0) if ok else None}))
 sys.exit(0 if ok or sys.argv[1] != "gpu" else "torch sees no CUDA device (its build: " + torch.__version__ + ")")
@@ -289,6 +374,8 @@ def brief(step):
     result = step["result"]
     if step["status"] not in ("passed", "skipped") and step["name"] != "tests":
         return last_line(step["log"])
+    if step["name"] == "wheels":
+        return last_line(step["log"])
     if not result:
         return ""
     if step["name"] == "tests":
@@ -296,7 +383,12 @@ def brief(step):
     if step["name"] == "nvidia-smi":
         return "; ".join(", ".join(gpu.values()) for gpu in result)
     if step["name"] == "torch":
-        return f"torch {result['torch']}, CUDA {result['torch_cuda']}, devices {result['devices']}"
+        return (f"torch {result['torch']}, CUDA {result['torch_cuda']}, devices {result['devices']}; "
+                f"Python {result.get('python')}, locomesh from {result.get('locomesh')}")
+    if step["name"] == "deps":
+        return (f"{result['packages']} packages; pins missed: {', '.join(result['differ']) or 'none'}"
+                + (f"; missing: {', '.join(result['missing'])}" if result["missing"] else "")
+                + (f"; failing to import: {', '.join(result.get('unloadable', []))}" if result.get("unloadable") else ""))
     if step["name"].startswith("throughput-"):
         return "; ".join(f"{row['tokens_per_s']:.0f} tokens/s" + (f", MFU {row['mfu']:.3f}" if "mfu" in row else "")
                          + f" (batch {row['batch']} x {row['context']})" for row in result["rows"])
@@ -310,6 +402,16 @@ def brief(step):
             f"{row['method']} {row['eval_loss']:.4f} ({row['loss_vs_ddp']:.3f}x DDP, {row['bytes_reduction']:.0f}x fewer bytes)"
             for row in result["rows"])
     return ""
+
+
+def torch_pin():
+    """pyproject.toml's pin on torch (`==2.13.0`), or None."""
+    try:
+        text = Path("pyproject.toml").read_text()
+    except OSError:
+        return None
+    match = re.search(r'"torch\s*([<>=!~][^";]*)', text)
+    return match.group(1).strip() if match else None
 
 
 def cards(steps):
@@ -356,11 +458,18 @@ def main():
         step["card"] = card_of(step)
     ok = all(step["status"] in ("passed", "skipped") for step in steps)
     report = {"mode": mode, "passed": ok, "seconds": seconds, "card": card, "steps": steps}
-    (out / "gpu_check.json").write_text(json.dumps(report, indent=1, default=str) + "\n")
     title = card["gpu"] if mode == "gpu" else card["cpu"]
+    torch_version, pin = card["torch"].get("torch"), torch_pin()
+    report["torch_pin"] = pin  # pyproject's; card.torch.torch is the one measured
+    if torch_version and pin and pin.startswith("==") and torch_version.split("+")[0] != pin[2:]:
+        torch_note = f", not pyproject's torch{pin}: the figures are {torch_version}'s"
+    else:
+        torch_note = ""
+    (out / "gpu_check.json").write_text(json.dumps(report, indent=1, default=str) + "\n")
     lines = [f"# gpu_check ({mode}) on {title}", "",
              f"{'all steps passed' if ok else 'NOT all steps passed'} in {seconds} s; "
-             f"torch {card['torch'].get('torch')} (CUDA build {card['torch'].get('torch_cuda')}).", ""]
+             f"torch {torch_version} (CUDA build {card['torch'].get('torch_cuda')}){torch_note}; "
+             f"Python {card['torch'].get('python')}.", ""]
     lines += table(["step", "status", "seconds", "limit s", "card", "figure", "log"],
                    [[s["name"], s["status"], s["seconds"], s["limit_s"], s["card"], brief(s), s["log"] or s["command"]]
                     for s in steps])
@@ -383,6 +492,7 @@ main() {
     deadline=$((SECONDS + BUDGET_S))
     echo "gpu_check: $mode, results under $out, budget ${BUDGET_S} s" >&2
     ensure_python
+    step_wheels
     step_card
     step_tests
     step_throughput
