@@ -284,16 +284,22 @@ async def test_a_slow_call_survives_a_flood_of_half_closing_clients(nursery, cap
     server.stop()
 
 
-async def test_past_the_connection_cap_only_the_cookie_holder_is_served(nursery):
-    """With every slot held by stalled connections, a request without the cookie gets 503 and one
-    with it is served in a reserved slot."""
+async def _small_server(nursery) -> tuple[RpcServer, int, list[str]]:
+    """A server with 2 connection slots (1 reserved for the cookie holder) and 2 waiting slots,
+    its port, and the list its refusals are counted in."""
     dispatcher, _ = make_dispatcher()
     rejected: list[str] = []
     server = RpcServer(
         dispatcher, cookie="c" * 64, metrics=Metrics(), on_reject=rejected.append,
         max_connections=2, reserved_connections=1, max_waiting=2,
     )
-    port = await nursery.start(server.run)
+    return server, await nursery.start(server.run), rejected
+
+
+async def test_past_the_connection_cap_only_the_cookie_holder_is_served(nursery):
+    """With every slot held by stalled connections, a request without the cookie gets 503 and one
+    with it is served in a reserved slot."""
+    server, port, rejected = await _small_server(nursery)
     stalled = [await trio.open_tcp_stream("127.0.0.1", port) for _ in range(2)]
     for stream in stalled:
         await stream.send_all(b"POST / HTTP/1.1\r\n")
@@ -313,13 +319,7 @@ async def test_past_the_connection_cap_only_the_cookie_holder_is_served(nursery)
 async def test_idle_connections_in_every_slot_do_not_lock_the_cookie_holder_out(nursery):
     """Every slot, waiting ones included, held by idle connections: a newcomer pushes out the oldest
     waiting one, so the cookie holder is served; the connections it pushed out are closed."""
-    dispatcher, _ = make_dispatcher()
-    rejected: list[str] = []
-    server = RpcServer(
-        dispatcher, cookie="c" * 64, metrics=Metrics(), on_reject=rejected.append,
-        max_connections=2, reserved_connections=1, max_waiting=2,
-    )
-    port = await nursery.start(server.run)
+    server, port, rejected = await _small_server(nursery)
     idle = [await trio.open_tcp_stream("127.0.0.1", port) for _ in range(2)]
     await _wait_until(lambda: server._connections.taken == 2)
     for _ in range(2):  # one at a time, so that which one is oldest is known

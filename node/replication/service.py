@@ -7,7 +7,7 @@ The CRDT itself (`locomesh.crdt`) is pure; this service only moves bytes:
   few messages per second per peer, so one op per message would be throttled). Every node
   registers the same validator: it adds each op to the replica, and refuses the message if any
   op in it is invalid, so invalid ops are not forwarded.
-* **Anti-entropy.** A request/response stream, `SYNC_PROTOCOL`, carrying the frames of
+* **Anti-entropy.** A request/response stream, `SYNC_PROTOCOL` (sync_streams.py), carrying the frames of
   `locomesh.crdt.sync` (heads, want, ops). Gossip is the fast path; anti-entropy is what makes
   delivery certain (GossipSub drops messages silently when its queues are full). Pulls are kept
   proportionate to what gossip misses (`anti_entropy.AntiEntropySchedule`): a node pulls from
@@ -55,7 +55,6 @@ from locomesh.crdt import Genesis, Replica, evidence_fields
 from locomesh.crdt.evidence import ban_reason
 from locomesh.crdt.limits import earlier_statement
 from locomesh.crdt.scores import scores_json
-from locomesh.crdt.sync import SYNC_KINDS, SyncPuller, SyncServer
 from locomesh.protocol import ProtocolError, decode, encode, peer_id_from_public_key, public_key_from_peer_id
 from locomesh.protocol.kinds import CRDT_OPS, MAX_BATCH_OPS
 from locomesh.protocol.runs import format_run_id, parse_run_id, short_run_id
@@ -66,12 +65,10 @@ from locomesh.node.rate_limit import RateLimiter
 from locomesh.node.rpc.dispatch import RpcError
 from locomesh.node.runs.store import RunStore
 from locomesh.node.runtime import DialError, Node
-from locomesh.node.streams import close_quietly, read_frame, read_frame_or_eof, write_frame
+from locomesh.node.replication.sync_streams import SYNC_PROTOCOL, answer_on, pull_over
 
 logger = logging.getLogger(__name__)
 
-SYNC_PROTOCOL = "/locomesh/crdt-sync/1.0.0"
-FRAME_TIMEOUT = 15.0
 SYNC_INTERVAL = 5.0  # between sweeps while pulls bring ops; up to MAX_INTERVAL while they do not
 NEW_PEER_POLL = 0.5
 GAP_GRACE = 1.0  # an op's missing parents may be a gossip hop behind it: wait this long before pulling
@@ -371,21 +368,13 @@ class CrdtService:
         """Fetch from `peer` the ops of `run_id` we lack; return how many were applied."""
         assert self._node is not None
         replica = self.replicas[run_id]
-        puller = SyncPuller(replica, self._node.identity, peer=public_key_from_peer_id(peer), max_batches=256)
         stream = await self._node.open_stream(peer, [SYNC_PROTOCOL])
-        try:
-            request = puller.start()
-            while request is not None:
-                await write_frame(stream, request, timeout=FRAME_TIMEOUT)
-                reply = await read_frame(stream, max_size=CRDT_OPS.max_size, timeout=FRAME_TIMEOUT)
-                request = puller.receive(reply)
-        finally:
-            await close_quietly(stream)  # bounded, and never hides why the pull failed
+        progress = (await pull_over(stream, replica, self._node.identity, peer)).progress
         self._pulled.add(run_id)
-        if puller.progress.rejected:  # a peer serves only ops it applied, and validity is the same everywhere
-            self._strike(peer, f"sync: {len(puller.progress.rejected)} invalid ops served")
-        self._publish_evidence(replica, puller.progress.equivocations)
-        return puller.progress.applied
+        if progress.rejected:  # a peer serves only ops it applied, and validity is the same everywhere
+            self._strike(peer, f"sync: {len(progress.rejected)} invalid ops served")
+        self._publish_evidence(replica, progress.equivocations)
+        return progress.applied
 
     async def _serve_sync(self, stream: Any) -> None:
         """Answer sync requests on one stream until the asker closes it (a few streams per peer at once)."""
@@ -401,26 +390,14 @@ class CrdtService:
                 del self._served[peer]
 
     async def _answer_sync(self, stream: Any, peer: str) -> None:
-        author = public_key_from_peer_id(peer)
-        servers: dict[bytes, SyncServer] = {}  # one per run asked about on this stream
-        while True:
-            frame = await read_frame_or_eof(stream, max_size=CRDT_OPS.max_size, timeout=FRAME_TIMEOUT)
-            if frame is None:
-                return
-            envelope = decode(frame, kinds=SYNC_KINDS)
-            if envelope.author != author:
-                raise ProtocolError("wrong-author", "sync requests must be signed by the connected peer")
-            replica = self.replicas.get(envelope.run)
-            if replica is None:
-                raise ProtocolError("unknown-run", "this node does not replicate that run")
-            server = servers.setdefault(envelope.run, SyncServer(replica, self._node.identity))
-            answer = server.answer_envelope(envelope)
-            if not self._serve_limit.allow(peer, len(answer.reply)):
-                self._strike(peer, "sync requests over its rate limit")
-                raise ProtocolError("busy", "this peer asked for more than its sync budget")
-            await write_frame(stream, answer.reply, timeout=FRAME_TIMEOUT)
-            if answer.peer_ahead:
-                self._start_pull(peer, envelope.run)
+        def allow(size: int) -> bool:
+            if self._serve_limit.allow(peer, size):
+                return True
+            self._strike(peer, "sync requests over its rate limit")
+            return False
+
+        await answer_on(stream, peer, self.replicas, self._node.identity, allow=allow,
+                        peer_ahead=lambda run_id: self._start_pull(peer, run_id))
 
     # --- runs and RPC --------------------------------------------------------------------------
 
