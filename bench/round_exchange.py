@@ -15,14 +15,16 @@ Rows give the median over daemons and rounds (round 1 is left out: it includes s
 target is at most half the time of hivemind 1.1.12's all-reduce (no robust aggregation) for as
 many peers on the same machine (its figures: README, Measured figures).
 
-Bytes: each daemon's payload per round; what each daemon actually downloaded (payload bytes,
+`--exchange` runs each count once per exchange (node/exchange/): allgather, where every daemon
+fetches every payload, and sharded, where committees aggregate the shards; `exchange` in a row
+names what its rounds used. Bytes: each daemon's payload per round; what each daemon actually downloaded (payload bytes,
 `bytes_fetched` of its round records) and uploaded (manifests and chunks its checkpoint service
 answered, over the rounds measured and round 1: `bytes_served` / rounds) per round, median and
 max over daemons; and what data-parallel training sends for the same samples (4 bytes x params
 per step). Memory: each daemon's RSS sampled every 0.5 s while the rounds run (the median of its
 samples: its steady state), and its peak RSS (VmHWM) at the end; median and max over daemons.
 
-    .venv/bin/python bench/round_exchange.py [--nodes 4,8] [--rounds 4] [--params 25M]
+    .venv/bin/python bench/round_exchange.py [--nodes 4,8] [--rounds 4] [--params 25M] [--exchange allgather,sharded]
 """
 
 from __future__ import annotations
@@ -80,20 +82,20 @@ class RssSampler:
         return [statistics.median(values) for values in self.samples.values() if values]
 
 
-def measure(nodes: int, rounds: int, inner_steps: int, model: dict) -> dict:
+def measure(nodes: int, rounds: int, inner_steps: int, model: dict, exchange: str) -> dict:
     with tempfile.TemporaryDirectory(prefix="locomesh-bench-") as scratch:
         daemons = start_swarm(Path(scratch), nodes, log=subprocess.DEVNULL)
         try:
             wait_connected(daemons, timeout=60.0)
             settings = {"inner_steps": inner_steps, "batch_size": 1, "round_deadline_s": 600, "min_peers": nodes,
-                        "eval_every": 0, **model}
+                        "eval_every": 0, "exchange": exchange, **model}
             run_id = create_run(daemons[0], settings)
             join_all(daemons, run_id)
             started = time.monotonic()
             with RssSampler([daemon.pid for daemon in daemons]) as sampler:
                 statuses = train(daemons, run_id, rounds, timeout=rounds * 600.0)
             wall = time.monotonic() - started
-            served = [daemon.rpc().call("node.status")["checkpoints"].get("bytes_served") for daemon in daemons]
+            served = [_bytes_served(daemon.rpc().call("node.status")) for daemon in daemons]
             peaks = [rss_mb(daemon.pid) for daemon in daemons]
         finally:
             stop_swarm(daemons)
@@ -103,8 +105,10 @@ def measure(nodes: int, rounds: int, inner_steps: int, model: dict) -> dict:
     # None where the daemons predate the byte counts (a run of older code, back to back)
     down = [sum(r.get("bytes_fetched") or 0 for r in s["history"]) / rounds for s in statuses]
     up = [(total or 0) / rounds for total in served]
+    used = sorted({(r.get("exchange") or {}).get("mode", "allgather") for r in records})
     return {
         "nodes": nodes,
+        "exchange": ",".join(used),
         "params": params,
         "rounds_measured": len({r["round"] for r in records}),
         "exchange_s_median": round(statistics.median(r["exchange_seconds"] for r in records), 3),
@@ -126,14 +130,22 @@ def measure(nodes: int, rounds: int, inner_steps: int, model: dict) -> dict:
     }
 
 
+def _bytes_served(status: dict) -> int:
+    """Payload bytes a daemon uploaded: checkpoint chunks (allgather) and shards and results (sharded)."""
+    return (status["checkpoints"].get("bytes_served") or 0) + (status.get("shards") or {}).get("bytes_served", 0)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nodes", default="4,8", help="comma-separated daemon counts (default 4,8)")
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--inner-steps", type=int, default=1)
     parser.add_argument("--params", choices=sorted(MODELS), default="25M")
+    parser.add_argument("--exchange", default="allgather,sharded",
+                        help="comma-separated exchanges to measure back to back (default allgather,sharded)")
     args = parser.parse_args()
-    rows = [measure(int(n), args.rounds, args.inner_steps, MODELS[args.params]) for n in args.nodes.split(",")]
+    rows = [measure(int(n), args.rounds, args.inner_steps, MODELS[args.params], exchange)
+            for n in args.nodes.split(",") for exchange in args.exchange.split(",")]
     report("round_exchange", rows, {"model": args.params, "inner_steps": args.inner_steps, **machine()})
 
 

@@ -7,8 +7,8 @@ feedback off), and the same payloads cut into N shards. Then, for one peer, both
 same state:
 
 - allgather: `OuterStep.step` on all N payloads (decode, validate, CenteredClip, cap, Nesterov);
-- sharded: the committee plan for N (`node/sharded/plan.py`: fewer than a third Byzantine,
-  a wrong result standing with probability ≤ 1e-6) and this peer's seats (`orders.shard_committees`);
+- sharded: the committee plan for N (`node/exchange/committees.py`: fewer than a third Byzantine,
+  a wrong result standing with probability ≤ 1e-6) and this peer's seats (`committees.shard_committees`);
   it checks each shard it receives against its author's Merkle root, aggregates its seats' shards
   and the shards it verifies (`shards.aggregate_shard`), takes the other shards' results as
   float32 bytes checked against their signed hashes, and applies the assembled aggregate.
@@ -37,8 +37,8 @@ import numpy as np  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _report import machine, report  # noqa: E402
 
-from locomesh.node.sharded.plan import plan  # noqa: E402
-from locomesh.node.rounds.orders import shard_committees  # noqa: E402
+from locomesh.node.exchange.committees import plan, shard_committees  # noqa: E402
+
 from locomesh.training.codec import encode, split_payload  # noqa: E402
 from locomesh.training.outer import OuterStep  # noqa: E402
 from locomesh.training.shards import ShardedPayload, ShardLayout, aggregate_shard, check_shard, shard_result_hash  # noqa: E402

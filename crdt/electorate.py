@@ -2,6 +2,9 @@
 
 Everything here is a pure function of the facts (facts.py) and the genesis, so of the op set.
 
+- **Bans** here are those the facts prove alone (a fork, an equivocation, a conviction), plus
+  `disputed`, where a caller passes it: the members that disputes of their shard results ban
+  (view.py: `dispute_bans`, judged once the rest of the view is derived).
 - **Contributors of round r** (may commit a payload): the unbanned authors with a join in force
   at r (their newest join naming a round ≤ r, not followed by a leave naming a round before r: a
   join again that names a later round leaves the rounds before it as they were), and who are
@@ -51,7 +54,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import Counter, defaultdict
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
 from .facts import Facts
@@ -99,12 +102,12 @@ def drawn_order(label: bytes, round_: int, seed: bytes, attempt: int, members: I
 # --- bans and contributors ----------------------------------------------------------------------
 
 
-def banned(facts: Facts) -> set[bytes]:
-    return facts.convicted | facts.forked | facts.equivocated
+def banned(facts: Facts, disputed: Collection[bytes] = ()) -> set[bytes]:
+    return facts.convicted | facts.forked | facts.equivocated | set(disputed)
 
 
-def is_banned(facts: Facts, author: bytes) -> bool:
-    return author in facts.forked or author in facts.equivocated or author in facts.convicted
+def is_banned(facts: Facts, author: bytes, disputed: Collection[bytes] = ()) -> bool:
+    return author in facts.forked or author in facts.equivocated or author in facts.convicted or author in disputed
 
 
 def is_eligible(facts: Facts, author: bytes, round_: int) -> bool:
@@ -122,9 +125,9 @@ def has_lapsed(facts: Facts, author: bytes, round_: int) -> bool:
     return not _active(facts, author, join, round_)
 
 
-def contributors(facts: Facts, round_: int) -> set[bytes]:
+def contributors(facts: Facts, round_: int, disputed: Collection[bytes] = ()) -> set[bytes]:
     """The unbanned authors that may contribute to `round_`."""
-    return {a for a in facts.newest_join if not is_banned(facts, a) and is_eligible(facts, a, round_)}
+    return {a for a in facts.newest_join if not is_banned(facts, a, disputed) and is_eligible(facts, a, round_)}
 
 
 def join_in_force(facts: Facts, author: bytes, round_: int) -> tuple[int, int] | None:
@@ -158,10 +161,12 @@ def showed_up(facts: Facts, author: bytes, round_: int) -> bool:
 # --- the electorate and its attempts -------------------------------------------------------------
 
 
-def first_electorate(facts: Facts, genesis: Genesis, round_: int, earned: frozenset[bytes]) -> frozenset[bytes]:
+def first_electorate(facts: Facts, genesis: Genesis, round_: int, earned: frozenset[bytes],
+                     disputed: Collection[bytes] = ()) -> frozenset[bytes]:
     """Attempt 0's electorate of `round_`, given the authors whose contributions were accepted
-    before it (`earned`)."""
-    able = contributors(facts, round_)
+    before it (`earned`) and those banned by disputes (`disputed`). Every later attempt's is a
+    subset of it (`round_history`), so a member left out here weighs in no attempt of `round_`."""
+    able = contributors(facts, round_, disputed)
     if genesis.influence == "joined":
         return frozenset(able)
     trusted = able & (earned | genesis.trusted)

@@ -10,7 +10,14 @@ reaches the same verdict alone, whatever else it holds:
 - "double-commit": two payload commitments by one author for the same round that differ (in
   hash or size: one payload cannot match both);
 - "double-propose", "double-score": two proposals, or two contribution score reports, by one
-  author for the same round that differ.
+  author for the same round that differ;
+- "double-result": two shard results by one author for the same shard of the same contributor
+  set of the same round that differ in hash (the aggregate is bit-exact: one of them is not what
+  it computed). Results for two different sets of one round are two aggregates, no conflict.
+
+A ban can also come from disputes of a shard result (view.py: `dispute_bans`); that one is not
+self-verifying evidence but a count of the round's electorate, so `ban_reason` reads it from the
+run state.
 
 The two ops need not be valid in the DAG (their parents may never be released): the seal
 alone (the author's signature over a batch holding the op) makes each one the author's statement.
@@ -18,13 +25,19 @@ alone (the author's signature over a batch holding the op) makes each one the au
 
 from __future__ import annotations
 
+from collections import Counter
+from typing import TYPE_CHECKING
+
 from locomesh.protocol import ProtocolError
 
 from .facts import Facts
 from .ops import Op, decode_op
 
+if TYPE_CHECKING:
+    from .view import RunState
+
 # The order `evidence_fields` tries them in.
-REASONS = ("fork", "double-vote", "double-commit", "double-propose", "double-score")
+REASONS = ("fork", "double-vote", "double-commit", "double-propose", "double-score", "double-result")
 
 
 def guilty_author(reason: str, a_bytes: bytes, b_bytes: bytes, run: bytes) -> bytes:
@@ -51,6 +64,9 @@ def conflict(reason: str, a: Op, b: Op) -> bool:
         return _same_round(a, b, "crdt.propose") and a.body["authors"] != b.body["authors"]
     if reason == "double-score":
         return _same_round(a, b, "crdt.score") and _report(a) != _report(b)
+    if reason == "double-result":
+        return (_same_round(a, b, "crdt.shard_result") and a.body["set"] == b.body["set"]
+                and a.body["shard"] == b.body["shard"] and a.body["hash"] != b.body["hash"])
     return False
 
 
@@ -81,24 +97,45 @@ def evidence_fields(a: Op, b: Op) -> dict | None:
     return None
 
 
-def ban_reason(facts: Facts, author: bytes) -> str | None:
-    """Why the facts ban `author` (view.py's rule), in words; None if they do not."""
+# The statements an author can contradict itself in: (name, the facts' rows, the row's place:
+# round first, then what else one statement is made for).
+_STATEMENTS = (
+    ("vote", "votes", lambda row: (row[1], row[4]), ("attempt",)),
+    ("payload commitment", "commits", lambda row: (row[1],), ()),
+    ("proposal", "proposals", lambda row: (row[1],), ()),
+    ("score report", "scores", lambda row: (row[1],), ()),
+    ("shard result", "shard_results", lambda row: (row[1], row[2], row[3]), ("set", "shard")),
+)
+
+
+def _readable(value: object) -> str:
+    """`value` as a ban reason prints it: a contributor set (32 bytes) as its first 12 hex digits."""
+    return value[:6].hex() if isinstance(value, bytes) else str(value)
+
+
+def ban_reason(facts: Facts, author: bytes, state: RunState | None = None) -> str | None:
+    """Why the facts ban `author` (view.py's rule), in words; None if they do not. A ban by
+    disputes is seen only with the run `state` derived from these facts (its `disputed`)."""
     if author in facts.forked:
         return "fork: two different ops at one place in its chain"
     if author in facts.equivocated:
-        for name, rows in (("vote", facts.votes), ("payload commitment", facts.commits), ("proposal", facts.proposals),
-                           ("score report", facts.scores)):
-            said: dict[tuple[int, int], int] = {}  # (round, attempt of a vote) -> how many different statements
-            for row in rows:
-                if row[0] == author:
-                    at = (row[1], row[4] if name == "vote" else 0)
-                    said[at] = said.get(at, 0) + 1
-            double = sorted(at for at, count in said.items() if count > 1)
-            if double:
-                round_, attempt = double[0]
-                return f"double {name}: two different ones for round {round_}" + (
-                    f", attempt {attempt}" if name == "vote" else "")
-        return "equivocation: two different statements for one round"
+        return _double_statement(facts, author) or "equivocation: two different statements for one round"
     if author in facts.convicted:
         return "convicted by evidence of an equivocation seen elsewhere"
+    if state is not None and author in state.disputed:
+        round_, set_id, shard = state.disputed[author]
+        return (f"disputed: more than a third of round {round_}'s electorate recomputed shard {shard} "
+                f"of set {_readable(set_id)} and found its signed result wrong")
+    return None
+
+
+def _double_statement(facts: Facts, author: bytes) -> str | None:
+    """The first place (by kind, then round) where `author` made two different statements."""
+    for name, rows, place, labels in _STATEMENTS:
+        said = Counter(place(row) for row in getattr(facts, rows) if row[0] == author)
+        double = sorted(at for at, count in said.items() if count > 1)  # rows are distinct: counts are statements
+        if double:
+            round_, *more = double[0]
+            return f"double {name}: two different ones for round {round_}" + "".join(
+                f", {label} {_readable(value)}" for label, value in zip(labels, more))
     return None

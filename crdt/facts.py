@@ -9,8 +9,9 @@ its effects are dropped.
 
 Beside the sets, `Facts` keeps a few indexes, each a pure function of the sets and updated as
 rows are added, so the questions asked on every poll cost no scan of the whole log: votes and
-commits (and scores) by round, each author's newest join and leave, and the authors who
-contradicted themselves (two votes, two commitments, two proposals or two scores for one round).
+commits (and scores, shard results and disputes) by round, each author's newest join and leave,
+and the authors who contradicted themselves (two votes, two commitments, two proposals or two
+scores for one round, two shard results for one shard of one contributor set of a round).
 
 The facts are also what a snapshot carries: `encode` gives their one canonical form, its
 SHA-256 is the state hash that a quorum signs, and the facts of the ops covered by a snapshot
@@ -23,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from locomesh.protocol import ProtocolError, pack, unpack
-from locomesh.protocol.kinds import MAX_PAYLOAD_SIZE, MAX_PROPOSAL, MAX_SCORE
+from locomesh.protocol.kinds import MAX_PAYLOAD_SIZE, MAX_PROPOSAL, MAX_SCORE, MAX_SHARDS
 from locomesh.protocol.schema import Bytes, Int, List, Map, Scalar, Spec, Struct
 
 from .ops import Op, OpId
@@ -50,7 +51,7 @@ def _table(*columns: Spec) -> List:
     return List(_Row(columns), max_len=_ROWS)
 
 
-_hash, _int = Bytes(32, 32), Int(0, 2**50)
+_hash, _int, _shard = Bytes(32, 32), Int(0, 2**50), Int(0, MAX_SHARDS - 1)
 _FACTS_SCHEMA = Struct(
     {
         "ops": _table(_hash, _hash, Int(1, 2**40), _int),
@@ -66,10 +67,12 @@ _FACTS_SCHEMA = Struct(
         "timeouts": _table(_hash, _int, _int),
         "scores": _table(_hash, Int(1, 2**40), List(_hash, max_len=MAX_PROPOSAL, min_len=1),
                          List(Int(-MAX_SCORE, MAX_SCORE), max_len=MAX_PROPOSAL, min_len=1)),
+        "shard_results": _table(_hash, Int(1, 2**40), _hash, _shard, _hash),
+        "disputes": _table(_hash, Int(1, 2**40), _hash, _shard, _hash, _hash),
     },
-    # Written only when there are scores, so the facts (and state hash) of a run without any
-    # are what they were before score ops existed.
-    optional=frozenset({"scores"}),
+    # Each written only when there are such rows, so the facts (and state hash) of a run without
+    # any are what they were before these op kinds existed.
+    optional=frozenset({"scores", "shard_results", "disputes"}),
 )
 
 
@@ -89,10 +92,15 @@ class Facts:
     timeouts: set[tuple[bytes, int, int]] = field(default_factory=set)  # (author, round, attempt)
     # (author, round, scored authors, their scores in SCORE_UNIT units)
     scores: set[tuple[bytes, int, tuple[bytes, ...], tuple[int, ...]]] = field(default_factory=set)
+    # (author, round, contributor set, shard, hash)
+    shard_results: set[tuple[bytes, int, bytes, int, bytes]] = field(default_factory=set)
+    # (author, round, contributor set, shard, member whose signed result it disputes, that result's hash)
+    disputes: set[tuple[bytes, int, bytes, int, bytes, bytes]] = field(default_factory=set)
     # Derived indexes, kept incrementally (see the module docstring).
     _chain: dict[tuple[bytes, int], OpId] = field(default_factory=dict, repr=False)
     forked: set[bytes] = field(default_factory=set)  # two ops at one (author, seq)
-    # Two different votes for one attempt of a round; two commitments, proposals or score reports for one round.
+    # Two different votes for one attempt of a round; two commitments, proposals or score reports
+    # for one round; two shard results for one shard of one contributor set of a round.
     equivocated: set[bytes] = field(default_factory=set)
     newest_join: dict[bytes, tuple[int, int]] = field(default_factory=dict, repr=False)  # author -> (seq, round)
     newest_leave: dict[bytes, tuple[int, int]] = field(default_factory=dict, repr=False)
@@ -103,6 +111,11 @@ class Facts:
     _commits_by_round: dict[int, dict[bytes, set[tuple[bytes, int]]]] = field(default_factory=dict, repr=False)
     _proposals_by_round: dict[int, dict[bytes, set[tuple[bytes, ...]]]] = field(default_factory=dict, repr=False)
     _scores_by_round: dict[int, dict[bytes, set[tuple[tuple[bytes, ...], tuple[int, ...]]]]] = field(
+        default_factory=dict, repr=False)
+    # round -> set -> shard -> author -> hashes; round -> set -> (member, shard, hash) -> authors
+    _results_by_round: dict[int, dict[bytes, dict[int, dict[bytes, set[bytes]]]]] = field(default_factory=dict,
+                                                                                         repr=False)
+    _disputes_by_round: dict[int, dict[bytes, dict[tuple[bytes, int, bytes], set[bytes]]]] = field(
         default_factory=dict, repr=False)
 
     def add(self, op: Op, depth: int, convicts: bytes | None = None) -> None:
@@ -124,6 +137,10 @@ class Facts:
                 self._add_proposal((author, body["round"], tuple(body["authors"])))
             case "score":
                 self._add_score((author, body["round"], tuple(body["authors"]), tuple(body["scores"])))
+            case "shard_result":
+                self._add_shard_result((author, body["round"], body["set"], body["shard"], body["hash"]))
+            case "dispute":
+                self._add_dispute((author, body["round"], body["set"], body["shard"], body["member"], body["hash"]))
             case "checkpoint" | "attest":
                 self.attests.add((author, body["round"], body["id"], body["size"]))
             case "hparams":
@@ -156,6 +173,25 @@ class Facts:
     def scores_in(self, round_: int) -> dict[bytes, set[tuple[tuple[bytes, ...], tuple[int, ...]]]]:
         """author -> the (authors, scores) it reported for `round_` (more than one: it equivocated)."""
         return self._scores_by_round.get(round_, {})
+
+    def shard_results_in(self, round_: int, set_id: bytes) -> dict[int, dict[bytes, set[bytes]]]:
+        """shard -> author -> the result hashes it signed for that shard of contributor set
+        `set_id` in `round_` (more than one: it equivocated)."""
+        return self._results_by_round.get(round_, {}).get(set_id, {})
+
+    def disputes_in(self, round_: int, set_id: bytes) -> dict[tuple[bytes, int, bytes], set[bytes]]:
+        """(member, shard, hash) -> the authors that disputed the result `hash` that `member`
+        signed (or, as far as these facts know, did not) for that shard of contributor set
+        `set_id` in `round_`."""
+        return self._disputes_by_round.get(round_, {}).get(set_id, {})
+
+    def disputed_rounds(self) -> list[int]:
+        """The rounds that any dispute names, in order."""
+        return sorted(self._disputes_by_round)
+
+    def disputed_sets(self, round_: int) -> list[bytes]:
+        """The contributor sets of `round_` that any dispute names, in order."""
+        return sorted(self._disputes_by_round.get(round_, {}))
 
     def _index(self, op_id: OpId, author: bytes, seq: int, depth: int) -> None:
         self.ops[op_id] = (author, seq, depth)
@@ -206,6 +242,25 @@ class Facts:
         author, round_, authors, values = row
         self._by_round(self._scores_by_round, author, round_, (authors, values))
 
+    def _add_shard_result(self, row: tuple[bytes, int, bytes, int, bytes]) -> None:
+        # Two different results for one shard of one contributor set: the aggregate is bit-exact,
+        # so at most one is its author's honest computation; it told peers different things (same
+        # as a double vote). Another set of the same round is another aggregate: no conflict.
+        self.shard_results.add(row)
+        author, round_, set_id, shard, hash_ = row
+        by_shard = self._results_by_round.setdefault(round_, {}).setdefault(set_id, {})
+        said = by_shard.setdefault(shard, {}).setdefault(author, set())
+        said.add(hash_)
+        if len(said) > 1:
+            self.equivocated.add(author)
+
+    def _add_dispute(self, row: tuple[bytes, int, bytes, int, bytes, bytes]) -> None:
+        # Not equivocation: a member may dispute several results, even several of one shard.
+        self.disputes.add(row)
+        author, round_, set_id, shard, member, hash_ = row
+        by_result = self._disputes_by_round.setdefault(round_, {}).setdefault(set_id, {})
+        by_result.setdefault((member, shard, hash_), set()).add(author)
+
     def _by_round(self, index: dict[int, dict[bytes, set]], author: bytes, round_: int, value: Any) -> None:
         said = index.setdefault(round_, {}).setdefault(author, set())
         said.add(value)
@@ -231,6 +286,10 @@ class Facts:
         }
         if self.scores:
             encoded["scores"] = sorted([a, r, list(who), list(values)] for a, r, who, values in self.scores)
+        if self.shard_results:
+            encoded["shard_results"] = sorted(list(row) for row in self.shard_results)
+        if self.disputes:
+            encoded["disputes"] = sorted(list(row) for row in self.disputes)
         return pack(encoded)
 
     @classmethod
@@ -261,6 +320,10 @@ class Facts:
             facts._add_timeout(tuple(row))
         for author, round_, authors, values in raw.get("scores", ()):
             facts._add_score((author, round_, tuple(authors), tuple(values)))
+        for row in raw.get("shard_results", ()):
+            facts._add_shard_result(tuple(row))
+        for row in raw.get("disputes", ()):
+            facts._add_dispute(tuple(row))
         if facts.encode() != data:
             raise ProtocolError("non-canonical", "snapshot facts are not in their canonical order")
         return facts

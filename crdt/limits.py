@@ -20,8 +20,12 @@ ops, for any round, without ever joining, and every replica would keep them for 
    (a checkpoint counts as its author's attestation: 4 leave room for a few candidates); one
    join naming a round (and a leave, or a join again, after a quick change of mind); one score
    per round a scoring committee member measured (capped at 2 like a vote: a second, different
-   one is an equivocation); a timeout
+   one is an equivocation); one shard result per shard it sits on the committee of, for each
+   contributor set the round aggregates (capped at 2 per (round, set, shard) like a vote); one
+   dispute per wrong result it finds, at most one per (round, set, shard, member) unless that
+   member equivocated (capped at 2); a timeout
    per attempt at a round, attempts up to MAX_ATTEMPT; an evidence op per equivocator it sees.
+   A dispute never names its own author (`not_author`): disputing oneself proves nothing.
    Round-less kinds (`snapshot`, `evidence`) count against the newest round the author's own
    chain named.
 3. **Not past the backed round**: an op may name a round at most `AHEAD` past the round its
@@ -41,7 +45,8 @@ ops, for any round, without ever joining, and every replica would keep them for 
    round; this caps what all kinds together weigh, so the big kinds (proposals, scores,
    evidence: tens of KiB each) cannot fill a replica either. An honest member writes a commit,
    a vote and a timeout per attempt, a proposal, a checkpoint or two, a few attestations and a
-   score in a round: a few KiB, a few hundred ops in a round that runs through every attempt.
+   score in a round (in sharded exchange, a shard result per committee seat too): a few KiB, a
+   few hundred ops in a round that runs through every attempt.
    Content bytes are counted, not wire bytes: the same op under two seals is one op. Evidence
    is left out (`UNBUDGETED`): it is written on others' misdeeds, so counting it would let
    equivocating Sybils spend an honest member's budget; rule 2 caps it per round.
@@ -109,6 +114,7 @@ class Rule:
     key: tuple[str, ...] = ("round",)  # body fields counted apart; () counts by the chain's newest round
     members_only: bool = True
     bounds: tuple[tuple[str, int], ...] = ()  # (body field, largest value allowed)
+    not_author: str | None = None  # a body field that may not name the op's author
 
 
 # One line per op kind. An op of a kind missing here is invalid (`ProtocolError` "no-rule").
@@ -122,11 +128,14 @@ RULES: dict[str, Rule | None] = {
     "checkpoint": Rule(2),
     "attest": Rule(4),
     "score": Rule(2),
+    "shard_result": Rule(2, key=("round", "set", "shard")),
+    "dispute": Rule(2, key=("round", "set", "shard", "member"), not_author="member"),
     "snapshot": Rule(2, key=()),
     "evidence": Rule(16, key=(), members_only=False),
     "hparams": None,  # genesis writers only (genesis.py), exempt from the rest
 }
-LIMIT_CODES = frozenset({"not-member", "over-cap", "too-far-ahead", "too-far-behind", "no-rule", "over-budget"})
+LIMIT_CODES = frozenset({"not-member", "over-cap", "too-far-ahead", "too-far-behind", "no-rule", "over-budget",
+                         "names-self"})
 
 # The highest vote round in a causal past with its author, and the highest by any other author
 # (rule 3): enough to say, for every author, the highest round someone else voted for. The
@@ -229,6 +238,8 @@ class Limits:
         for name, most in rule.bounds:
             if body.get(name, 0) > most:
                 raise ProtocolError("over-cap", f"{op_type} {name} {body[name]} is over the cap of {most}")
+        if rule.not_author is not None and body[rule.not_author] == author:
+            raise ProtocolError("names-self", f"a {op_type} op may not name its own author as {rule.not_author}")
         if "round" in rule.key:
             round_ = body["round"]
             backed = backed_round(backing, author, author in self._trusted)
@@ -305,12 +316,16 @@ def content_size(data: bytes) -> int:
 
 def earlier_statement(facts: Facts, author: bytes, op_type: str, fields: Mapping[str, Any]) -> str | None:
     """What `author` already said that an op of `op_type` with `fields` would say again: "same"
-    (the same vote, commitment, proposal, score or attestation: writing it again adds nothing),
-    "conflict" (a different vote, commitment, proposal or score for the round: writing it is an equivocation, a
-    ban), or None. For the node's own writes after a restart (node/replication/service.py)."""
+    (the same vote, commitment, proposal, score, shard result, dispute or attestation: writing it
+    again adds nothing), "conflict" (a different vote, commitment, proposal or score for the
+    round, or shard result for the shard of the contributor set: writing it is an equivocation,
+    a ban), or None. For the node's own writes after a restart (node/replication/service.py)."""
     if op_type in ("checkpoint", "attest"):
         said = (author, fields["round"], fields["id"], fields["size"]) in facts.attests
         return "same" if said else None
+    if op_type == "dispute":
+        disputed = (fields["member"], fields["shard"], fields["hash"])
+        return "same" if author in facts.disputes_in(fields["round"], fields["set"]).get(disputed, ()) else None
     if op_type == "vote":
         attempt = fields.get("attempt", 0)
         saying = (fields["hash"], fields.get("proposer", b""))
@@ -321,6 +336,9 @@ def earlier_statement(facts: Facts, author: bytes, op_type: str, fields: Mapping
         saying, said = tuple(fields["authors"]), facts.proposals_in(fields["round"]).get(author)
     elif op_type == "score":
         saying, said = (tuple(fields["authors"]), tuple(fields["scores"])), facts.scores_in(fields["round"]).get(author)
+    elif op_type == "shard_result":
+        by_shard = facts.shard_results_in(fields["round"], fields["set"])
+        saying, said = fields["hash"], by_shard.get(fields["shard"], {}).get(author)
     else:
         return None
     if not said:

@@ -33,7 +33,7 @@ from typing import Any, Callable
 from locomesh.protocol import Identity, ProtocolError
 from locomesh.protocol.kinds import MAX_PARENTS
 
-from .evidence import guilty_author
+from .evidence import ban_reason, guilty_author
 from .facts import Facts
 from .genesis import Genesis
 from .limits import Limits
@@ -143,7 +143,7 @@ class Replica:
 
     def contributors(self, round_: int) -> set[bytes]:
         """The unbanned authors that may commit a payload for round `round_` (electorate.py's rules)."""
-        return contributors(self.facts, round_)
+        return contributors(self.facts, round_, self.state.disputed)
 
     def attempts(self, round_: int) -> list[frozenset[bytes]]:
         """The electorates of round `round_`'s attempts so far, attempt 0's first (electorate.py)."""
@@ -172,16 +172,34 @@ class Replica:
 
         Reads the facts' per-round index: cheap enough to call on every poll.
         """
-        return round_commits(self.facts, round_)
+        return round_commits(self.facts, round_, self.state.disputed)
 
     def proposals(self, round_: int) -> dict[bytes, tuple[bytes, ...]]:
         """author -> the contributor set it proposed for round `round_`, for the round's contributors."""
-        return round_proposals(self.facts, round_)
+        return round_proposals(self.facts, round_, self.state.disputed)
 
     def votes(self, round_: int) -> dict[bytes, bytes]:
         """author -> the hash its standing vote names in the latest attempt of round `round_`, a
         round past the newest certified one."""
         return round_votes(self.history(round_))
+
+    def shard_results(self, round_: int, set_id: bytes) -> dict[int, dict[bytes, set[bytes]]]:
+        """shard -> author -> the result hashes it signed for that shard of contributor set
+        `set_id` in round `round_`, every author's (more than one hash: it equivocated, a ban).
+        A copy of the facts' per-round index."""
+        return {shard: {author: set(said) for author, said in by_author.items()}
+                for shard, by_author in self.facts.shard_results_in(round_, set_id).items()}
+
+    def disputes(self, round_: int, set_id: bytes) -> dict[tuple[bytes, int, bytes], set[bytes]]:
+        """(member, shard, hash) -> the authors that disputed the result `hash` of that shard of
+        contributor set `set_id` in round `round_` as `member`'s, every author's (whether
+        `member` signed it or not: the ban counts only what it signed for that set, and only the
+        round's electorate; view.py: `dispute_bans`)."""
+        return {key: set(authors) for key, authors in self.facts.disputes_in(round_, set_id).items()}
+
+    def ban_reason(self, author: bytes) -> str | None:
+        """Why the run bans `author`, in words (disputes included); None if it does not."""
+        return ban_reason(self.facts, author, self.state)
 
     # --- writing ------------------------------------------------------------------------------
 

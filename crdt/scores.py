@@ -67,7 +67,7 @@ def round_scores(facts: Facts, state: RunState, round_: int) -> dict[bytes, floa
     measured: dict[bytes, list[int]] = {}
     for scorer in scoring_committee(certificate):
         said = reports.get(scorer)
-        if not said or len(said) != 1 or scorer not in certificate.voters or is_banned(facts, scorer):
+        if not said or len(said) != 1 or scorer not in certificate.voters or is_banned(facts, scorer, state.disputed):
             continue
         ((authors, values),) = said
         for author, value in zip(authors, values):

@@ -4,8 +4,11 @@ Everything here is a pure function of the facts (facts.py), so of the op set. Th
 
 - **Bans**: an author is banned when the set proves it equivocated: two of its ops share a
   `seq` (a fork), two of its votes for one attempt of a round differ, two of its payload commitments (or
-  two proposals) for one round differ, or an evidence op convicts it (evidence.py). A banned
-  author's ops stay in the DAG (others' ops point at them) but count for nothing below.
+  two proposals) for one round differ, two of its shard results for one shard of one
+  contributor set of a round differ, or an evidence op convicts it (evidence.py); or when
+  disputes of a shard result it signed come from more than a third of the round's electorate
+  (`dispute_bans`). A banned author's ops stay in the DAG (others' ops point at them) but
+  count for nothing below.
 - **Membership** (add-wins per author): an author's own join and leave ops form one chain, so
   its newest one by `seq` decides; it is a member when that is a join. Concurrent join/leave by
   one author can only come from a fork, and a fork is a ban. Only admitted authors can write at
@@ -45,6 +48,7 @@ Everything here is a pure function of the facts (facts.py), so of the op set. Th
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,7 +56,7 @@ from locomesh.protocol import unpack
 
 from .electorate import (  # noqa: F401 - re-exported: the view's questions are asked through here
     ACTIVITY_WINDOW, NEVER, Attempt, Certificate, banned, certify, contributors, first_electorate,
-    has_lapsed, is_banned, is_eligible, is_quorum, round_history,
+    has_lapsed, is_banned, is_eligible, is_more_than_a_third, is_quorum, round_history,
 )
 from .facts import Facts
 from .genesis import Genesis
@@ -87,6 +91,9 @@ class RunState:
     eligible: dict[int, int] = field(default_factory=dict, compare=False)  # round -> electorate size
     certificates: dict[int, Certificate] = field(default_factory=dict, compare=False)
     earned: frozenset[bytes] = frozenset()  # authors a certified round accepted a contribution of
+    # member -> the (round, contributor set, shard) whose disputes ban it (`dispute_bans`); these
+    # are in `banned` too
+    disputed: dict[bytes, tuple[int, bytes, int]] = field(default_factory=dict, compare=False)
 
     @property
     def round(self) -> int:
@@ -115,10 +122,13 @@ class RunState:
 
 def derive(facts: Facts, genesis: Genesis) -> RunState:
     """The run state the facts describe under the genesis rules."""
-    excluded = banned(facts)
+    certificates, sizes = _certified_rounds(facts, genesis)
+    disputed = dispute_bans(facts, genesis, certificates)
+    if disputed:  # judged on the view without them (dispute_bans), they then take effect as any ban
+        certificates, sizes = _certified_rounds(facts, genesis, frozenset(disputed))
+    excluded = banned(facts, disputed)
     joined, left = _unbanned(facts.newest_join, excluded), _unbanned(facts.newest_leave, excluded)
     members = sorted(a for a, join in joined.items() if join[0] > left.get(a, (NEVER, 0))[0])
-    certificates, sizes = _certified_rounds(facts, genesis)
     certified = max(certificates, default=0)
     schedule = _hparam_schedule(facts, excluded)
     return RunState(
@@ -133,7 +143,47 @@ def derive(facts: Facts, genesis: Genesis) -> RunState:
         eligible=sizes,
         certificates=certificates,
         earned=frozenset().union(*(c.accepted for c in certificates.values())),
+        disputed=disputed,
     )
+
+
+def dispute_bans(facts: Facts, genesis: Genesis,
+                 certificates: dict[int, Certificate]) -> dict[bytes, tuple[int, bytes, int]]:
+    """Member -> the first (round, contributor set, shard) in which disputes ban it: for some
+    (round, set, shard, hash) it signed a shard result with that hash, and the authors of
+    disputes naming it, that (round, set, shard) and that hash number more than a third of the
+    round's electorate (counting only its members). A dispute of a result the member never
+    signed proves nothing, and neither does one naming another set than the result's: each set
+    is its own aggregate. Members the facts ban already are left out (`ban_reason` names the
+    self-verifying ban first).
+
+    The electorate is attempt 0's (`round_attempts(...)[0]`) in the view *without* any dispute
+    ban: `certificates` must be those `_certified_rounds` derives with none. Why not the final
+    view: the verdicts shrink the electorates (a disputed member weighs in no round), so an
+    electorate that depended on them would be circular, and a verdict could undo itself or
+    another. Judged once against the view the self-verifying bans give, each verdict is a pure
+    function of the op set, like every other ban; `derive` then applies them everywhere a ban
+    applies. Here and not in electorate.py because the electorate of a round needs the
+    certificates before it (earned influence), which only the view derives.
+    """
+    verdicts: dict[bytes, tuple[int, bytes, int]] = {}
+    excluded = banned(facts)
+    earned: frozenset[bytes] | None = None  # of every certified round: the electorate of an uncertified one
+    for round_ in facts.disputed_rounds():
+        if round_ in certificates:
+            electorate = certificates[round_].attempts[0]
+        else:  # past the certified ones (certificates run from round 1 with no gap)
+            if earned is None:
+                earned = frozenset().union(*(c.accepted for c in certificates.values()))
+            electorate = first_electorate(facts, genesis, round_, earned)
+        for set_id in facts.disputed_sets(round_):
+            results = facts.shard_results_in(round_, set_id)
+            for (member, shard, hash_), authors in sorted(facts.disputes_in(round_, set_id).items()):
+                if member in verdicts or member in excluded or hash_ not in results.get(shard, {}).get(member, ()):
+                    continue
+                if is_more_than_a_third(len(authors & electorate), len(electorate)):
+                    verdicts[member] = (round_, set_id, shard)
+    return verdicts
 
 
 def round_attempts(facts: Facts, genesis: Genesis, state: RunState, round_: int) -> list[frozenset[bytes]]:
@@ -147,7 +197,7 @@ def round_attempts(facts: Facts, genesis: Genesis, state: RunState, round_: int)
 
 def uncertified_history(facts: Facts, genesis: Genesis, state: RunState, round_: int) -> list[Attempt]:
     """The attempts of `round_`, a round past the newest certified one, so far (electorate.py)."""
-    return round_history(facts, round_, first_electorate(facts, genesis, round_, state.earned))
+    return round_history(facts, round_, first_electorate(facts, genesis, round_, state.earned, state.disputed))
 
 
 def electorate(facts: Facts, genesis: Genesis, state: RunState, round_: int) -> frozenset[bytes]:
@@ -160,14 +210,15 @@ def round_votes(history: list[Attempt]) -> dict[bytes, bytes]:
     return {author: hash_ for author, (hash_, _proposer) in history[-1].standing.items()}
 
 
-def round_commits(facts: Facts, round_: int) -> dict[bytes, tuple[bytes, int]]:
-    """author -> (payload ID, size), for the contributors of `round_` that committed."""
-    return {a: _only(said) for a, said in facts.commits_in(round_).items() if _counts(facts, a, round_)}
+def round_commits(facts: Facts, round_: int, disputed: Collection[bytes] = ()) -> dict[bytes, tuple[bytes, int]]:
+    """author -> (payload ID, size), for the contributors of `round_` that committed (`disputed`:
+    `RunState.disputed`, banned too)."""
+    return {a: _only(said) for a, said in facts.commits_in(round_).items() if _counts(facts, a, round_, disputed)}
 
 
-def round_proposals(facts: Facts, round_: int) -> dict[bytes, tuple[bytes, ...]]:
+def round_proposals(facts: Facts, round_: int, disputed: Collection[bytes] = ()) -> dict[bytes, tuple[bytes, ...]]:
     """author -> the contributor set it proposed, for the contributors of `round_`."""
-    return {a: _only(said) for a, said in facts.proposals_in(round_).items() if _counts(facts, a, round_)}
+    return {a: _only(said) for a, said in facts.proposals_in(round_).items() if _counts(facts, a, round_, disputed)}
 
 
 def checkpoint_candidates(facts: Facts, state: RunState, round_: int) -> tuple[Checkpoint, ...]:
@@ -176,8 +227,8 @@ def checkpoint_candidates(facts: Facts, state: RunState, round_: int) -> tuple[C
     return _ranked_checkpoints(facts, set(state.banned), state.certificates, only=round_).get(round_, ())
 
 
-def _counts(facts: Facts, author: bytes, round_: int) -> bool:
-    return not is_banned(facts, author) and is_eligible(facts, author, round_)
+def _counts(facts: Facts, author: bytes, round_: int, disputed: Collection[bytes]) -> bool:
+    return not is_banned(facts, author, disputed) and is_eligible(facts, author, round_)
 
 
 def _only(values: set):
@@ -190,14 +241,15 @@ def _unbanned(newest: dict[bytes, tuple[int, int]], excluded: set[bytes]) -> dic
     return {author: row for author, row in newest.items() if author not in excluded}
 
 
-def _certified_rounds(facts: Facts, genesis: Genesis):
-    """round -> Certificate up to the first uncertified round, and round -> electorate size."""
+def _certified_rounds(facts: Facts, genesis: Genesis, disputed: frozenset[bytes] = frozenset()):
+    """round -> Certificate up to the first uncertified round, and round -> electorate size, with
+    the members in `disputed` banned as well."""
     certificates: dict[int, Certificate] = {}
     sizes: dict[int, int] = {}
     earned: frozenset[bytes] = frozenset()
     round_ = 1
     while facts.votes_in(round_):  # rounds up to the first gap, not all votes
-        history = round_history(facts, round_, first_electorate(facts, genesis, round_, earned))
+        history = round_history(facts, round_, first_electorate(facts, genesis, round_, earned, disputed))
         certificate = certify(facts, round_, history)
         sizes[round_] = len(history[-1].electorate if certificate is None else certificate.electorate)
         if certificate is None:

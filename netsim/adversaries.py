@@ -15,7 +15,10 @@ daemon never imports this.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from pathlib import Path
+
+import numpy as np
 
 import trio
 
@@ -27,7 +30,10 @@ from locomesh.crdt.ops import content_id, op_content, seal_ops
 from locomesh.node.replication.service import CrdtService
 from locomesh.protocol import Identity, compress
 from locomesh.protocol.kinds import MAX_SEAL_OPS
+from locomesh.node.exchange.shard_transfer import INPUT, ShardRequest, ShardService
 from locomesh.training.checkpoint_manifest import CheckpointError, ChunkRef, Manifest
+
+from .sim_participant import SimParticipant
 
 WITHHOLD_FROM = 2  # a withholder serves round 1 honestly, so that its key earns a say
 
@@ -44,6 +50,27 @@ class WithholdingCheckpointService(CheckpointService):
         if manifest.metadata.get("kind") == "payload" and manifest.round >= WITHHOLD_FROM:
             return None
         return super()._read(request)
+
+
+class WithholdingShardService(ShardService):
+    """The same withholder's shard service (sharded exchange): it answers missing for every shard of
+    its own payloads from round WITHHOLD_FROM on; it serves what it fetched of others' as usual."""
+
+    def _lookup(self, request: ShardRequest) -> tuple[bytes | None, list[bytes]]:
+        if request.what == INPUT and request.author == self.node.identity.public_key and request.round >= WITHHOLD_FROM:
+            return None, []
+        return super()._lookup(request)
+
+
+class LyingSimParticipant(SimParticipant):
+    """A member whose every shard aggregate is off by one value (sharded exchange): on a committee
+    it signs, and serves, a wrong result. It trains and commits honestly."""
+
+    def aggregate_shard(self, index: int, shards: Mapping[bytes, bytes]) -> tuple[np.ndarray, list[bytes], dict]:
+        values, accepted, rejected = super().aggregate_shard(index, shards)
+        wrong = values.copy()
+        wrong[0] = np.float32(wrong[0]) + np.float32(1.0)
+        return wrong, accepted, rejected
 
 
 # --- intruders: keys that join and write hostile ops, with no honest part in the rounds -----------

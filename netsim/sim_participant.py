@@ -17,11 +17,18 @@ needs from a participant (as `locomesh.training.participant.Participant` does), 
 
 A payload is valid when it starts with `PAYLOAD_MARK` and is `payload_bytes` long; a Byzantine
 participant (`byzantine=True`) sends bytes of the right length that start with anything else.
+
+In a sharded round the payload is cut into `SimCost.shards` pieces (`shard_layout`), each marked
+the same way, and framed as the real participant frames its shards (`frame_shards`). A shard's
+result is 8 float32 values made of the hash of its valid pieces (`aggregate_shard`, costing
+its share of `aggregate_seconds`); `apply_shards` folds every result into the state, so peers that
+apply the same results reach the same state byte for byte.
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -30,9 +37,11 @@ import numpy as np
 import trio
 
 from locomesh.training.checkpoint_manifest import ManifestLimits, TensorSpec
+from locomesh.training.codec import CodecError
 from locomesh.training.contract import DataNeeds
-from locomesh.training.run_settings import ParticipantError
+from locomesh.training.run_settings import ParticipantError, RoundSettings
 from locomesh.training.participant import Contribution, StateSnapshot, payload_limits
+from locomesh.training.shards import ShardedPayload, ShardLayout, frame_shards, max_framed_size, shard_result_hash, unframe
 from locomesh.training.state_chunks import checkpoint_limits, state_digest
 
 PAYLOAD_MARK = 0x4C  # "L": the first byte of an honest payload
@@ -47,6 +56,7 @@ class SimCost:
     aggregate_seconds: float = 0.0  # decode, robust aggregation and outer step
     payload_bytes: int = 32 * 1024
     state_bytes: int = 4096
+    shards: int = 4  # pieces of a payload in a sharded round (fewer if the payload is too small)
 
 
 @dataclass(frozen=True)
@@ -54,6 +64,15 @@ class _Settings:
     inner_steps: int
     delayed_updates: bool = False
     scoring: str = "off"  # a modelled state has no loss to score contributions by
+    exchange: str = RoundSettings.exchange  # allgather, sharded or auto (node/exchange/mode.py), as a real run's
+    byzantine_fraction: float = RoundSettings.byzantine_fraction
+
+    @classmethod
+    def from_hparams(cls, hparams: Mapping[str, Any]) -> _Settings:
+        """What the round reads of a genesis' `hparams` (defaults as a real run's)."""
+        return cls(int(hparams["inner_steps"]), bool(hparams.get("delayed_updates", False)),
+                   exchange=str(hparams.get("exchange", cls.exchange)),
+                   byzantine_fraction=float(hparams.get("byzantine_fraction", cls.byzantine_fraction)))
 
 
 @dataclass(frozen=True)
@@ -72,13 +91,14 @@ class SimParticipant:
         self.key = key
         self.cost = cost
         self.byzantine = byzantine
-        self.settings = _Settings(int(hparams["inner_steps"]), bool(hparams.get("delayed_updates", False)))
+        self.settings = _Settings.from_hparams(hparams)
         self.outer = _Outer(cost.payload_bytes)
         self.round = 0
         self.state = _expand(hashlib.sha256(b"genesis" + genesis_body["seed"].to_bytes(8, "big")).digest(),
                              cost.state_bytes)
         self.pending_seconds = 0.0  # modelled cost of the last call, taken by `SimCompute`
         self.trainings = 0  # with delayed updates two trainings start from one state: each its own payload
+        self._layout = ShardLayout(cost.payload_bytes, math.ceil(cost.payload_bytes / max(1, cost.shards)), block=1)
 
     def close(self) -> None:
         """Nothing to release: no processes, no devices."""
@@ -89,16 +109,22 @@ class SimParticipant:
 
     # --- one round ------------------------------------------------------------------------------
 
-    def train(self, stop: Callable[[], bool] | None = None, start: None = None, data: None = None) -> Contribution:
+    def train(self, stop: Callable[[], bool] | None = None, start: None = None, data: None = None,
+              sharded: bool = False) -> Contribution:
         """A deterministic payload for (our key, round, trainings so far); costs inner_steps x
-        step_seconds (all of it: `stop` is not asked, the modelled steps are taken as one)."""
+        step_seconds (all of it: `stop` is not asked, the modelled steps are taken as one).
+        `sharded`: the same bytes cut at `shard_layout`'s bounds, each piece marked, framed."""
         seconds = self.settings.inner_steps * self.cost.step_seconds
         self.pending_seconds = seconds
         self.trainings += 1
         seed = hashlib.sha256(b"payload" + self.key + self.round.to_bytes(8, "big")
                               + self.trainings.to_bytes(8, "big")).digest()
         payload = bytearray(_expand(seed, self.cost.payload_bytes))
-        payload[0] = JUNK_MARK if self.byzantine else PAYLOAD_MARK
+        mark = JUNK_MARK if self.byzantine else PAYLOAD_MARK
+        for position in [first for first, _ in self._layout.bounds] if sharded else [0]:
+            payload[position] = mark
+        if sharded:
+            payload = frame_shards([bytes(payload[a:b]) for a, b in self._layout.bounds])
         return Contribution(bytes(payload), self.settings.inner_steps, float("nan"), seconds)
 
     def data_needs(self) -> DataNeeds:
@@ -130,6 +156,78 @@ class SimParticipant:
     def is_valid(self, payload: bytes) -> bool:
         return len(payload) == self.cost.payload_bytes and payload[:1] == bytes([PAYLOAD_MARK])
 
+    # --- sharded exchange (the real participant's: training/participant.py) ----------------------
+
+    def shard_layout(self) -> ShardLayout:
+        """The payload's bytes cut into `SimCost.shards` ranges."""
+        return self._layout
+
+    def sharded_payload(self, payload: bytes) -> ShardedPayload:
+        """The pieces of a framed payload; `CodecError` "bad-frame" if it is not one of this run's."""
+        return ShardedPayload(unframe(payload, self._limits()))
+
+    def shard_limit(self, index: int) -> int:
+        return self._limits()[self._index(index)]
+
+    def max_sharded_payload_size(self) -> int:
+        return max_framed_size(self._limits())
+
+    def _limits(self) -> list[int]:
+        return [self._layout.size(index) for index in range(self._layout.count)]
+
+    def _index(self, index: int) -> int:
+        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < self._layout.count:
+            raise ValueError(f"shard {index!r:.20} of a layout with {self._layout.count}")
+        return index
+
+    def aggregate_shard(self, index: int,
+                        shards: Mapping[bytes, bytes]) -> tuple[np.ndarray, list[bytes], dict[bytes, CodecError]]:
+        """Shard `index`'s result from the hashes of its valid pieces (marked, of the shard's size);
+        costs the shard's share of `aggregate_seconds`. ValueError if no piece is valid."""
+        self.pending_seconds = self.cost.aggregate_seconds / self._layout.count
+        size = self._layout.size(self._index(index))
+        valid = {author: piece for author, piece in shards.items()
+                 if isinstance(piece, bytes) and len(piece) == size and piece[:1] == bytes([PAYLOAD_MARK])}
+        rejected = {author: CodecError("bad-shard", f"not a valid piece of shard {index}")
+                    for author in shards if author not in valid}
+        if not valid:
+            raise ValueError(f"round {self.round + 1}, shard {index}: none of {len(shards)} pieces is valid")
+        digests = sorted(hashlib.sha256(piece).digest() for piece in valid.values())
+        digest = hashlib.sha256(b"".join(digests) + index.to_bytes(4, "big")).digest()
+        # As many float32 values as the piece has int8 ones, as a real aggregate has: the traffic of
+        # fetching results is what decides between the exchanges (node/exchange/mode.py).
+        return np.frombuffer(_expand(digest, self.result_size(index)), dtype="<f4"), sorted(valid), rejected
+
+    def result_hash(self, index: int, values: np.ndarray) -> bytes:
+        """What a member signs for `values` as shard `index` of the round being aggregated (r + 1)."""
+        return shard_result_hash(self.round + 1, index, values)
+
+    def result_size(self, index: int) -> int:
+        return 4 * self._layout.size(self._index(index))
+
+    def result_from_bytes(self, index: int, data: bytes) -> np.ndarray:
+        size = self.result_size(index)
+        if not isinstance(data, (bytes, bytearray, memoryview)) or len(data) != size:
+            raise ValueError(f"a result of shard {index} is {size} bytes")
+        return np.frombuffer(bytes(data), dtype="<f4")
+
+    def result_to_bytes(self, values: np.ndarray) -> bytes:
+        return np.ascontiguousarray(values, dtype="<f4").tobytes()
+
+    def apply_shards(self, results: Sequence[np.ndarray], accepted: Sequence[bytes], rejected: Mapping[bytes, Any]) -> None:
+        """The next state from every shard's result (in layout order); ValueError if nobody was
+        accepted or the results do not fit the layout (the state is then unchanged)."""
+        if not accepted:
+            raise ValueError(f"round {self.round + 1}: no contribution accepted ({len(rejected)} rejected)")
+        if len(results) != self._layout.count:
+            raise ValueError(f"{len(results)} shard results, the layout has {self._layout.count} shards")
+        parts = [self.result_to_bytes(values) for values in results]
+        if any(len(part) != self.result_size(index) for index, part in enumerate(parts)):
+            raise ValueError("a shard result is 4 bytes per value of its shard")
+        seed = hashlib.sha256(self.state + self.round.to_bytes(8, "big") + b"".join(parts)).digest()
+        self.state = _expand(seed, self.cost.state_bytes)
+        self.round += 1
+
     def evaluation_due(self) -> bool:
         """Never: there is no model, so no loss; the simulator measures time, not learning."""
         return False
@@ -139,8 +237,9 @@ class SimParticipant:
 
     # --- what a payload and a state of this run can be ---------------------------------------------
 
-    def payload_limits(self, run: bytes, round_number: int, size: int) -> ManifestLimits:
-        return payload_limits(run, round_number, size, self.cost.payload_bytes)
+    def payload_limits(self, run: bytes, round_number: int, size: int, sharded: bool = False) -> ManifestLimits:
+        """`sharded`: a framed payload's (`max_sharded_payload_size`)."""
+        return payload_limits(run, round_number, size, self.max_sharded_payload_size() if sharded else self.cost.payload_bytes)
 
     def state_limits(self, run: bytes, round_number: int | None = None) -> ManifestLimits:
         metadata = {"run": run} if round_number is None else {"run": run, "round": round_number}

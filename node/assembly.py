@@ -38,6 +38,7 @@ from locomesh.node.runs.registry import RunRegistryService
 from locomesh.node.schedule import TrainingSchedule
 from locomesh.node.service import Service
 from locomesh.node.transfer.download import Offload
+from locomesh.node.exchange.shard_transfer import ShardService
 from locomesh.node.transfer.service import CheckpointService
 
 
@@ -50,6 +51,7 @@ class Pieces:
     offload: Offload = trio.to_thread.run_sync  # runs blocking store work (hashing, file writes)
     dataplane: bool = True  # the checkpoint data plane (its own TCP listener beside libp2p)
     checkpoint_service: type[CheckpointService] = CheckpointService
+    shard_service: type[ShardService] = ShardService
     network: bool = True  # ping and the NAT-traversal services (modes from the config)
     rounds: bool = True  # the round service (training); without it a node replicates and serves only
     wall_clock: Callable[[], float] = time.time  # what DHT records are dated by (the simulator's: virtual)
@@ -89,6 +91,7 @@ def node_services(config: NodeConfig, pieces: Pieces = Pieces()) -> NodeServices
                               memory_limit=config.memory_limit,
                               train_threads=config.train_threads, schedule=TrainingSchedule.from_config(config),
                               participant_factory=pieces.participant_factory, compute=pieces.compute,
+                              shard_service=pieces.shard_service,
                               offload=pieces.offload)
     network: tuple[Service, ...] = ()
     if pieces.network:

@@ -198,6 +198,21 @@ CRDT_SCORE = _op_kind(
     },
     MAX_OP_SIZE,
 )
+# Sharded exchange (node/exchange/sharded_machine.py): a shard committee member's signed hash of
+# its (bit-exact) aggregate of shard `shard` of round `round` over the contributor set `set`; and
+# a member's word that its own exact recomputation of that shard differs from `hash`, which
+# `member` signed as its result (crdt/view.py: disputes from more than a third of the round's
+# electorate ban the signer). `set` names the contributor set (node/exchange/sharded.py:
+# `set_id`): one round may aggregate several (a new attempt, a proposal given up for another), and
+# an honest member signs one result per set, so a result is one statement only within its set.
+MAX_SHARDS = 4096
+_shard = Int(0, MAX_SHARDS - 1)
+CRDT_SHARD_RESULT = _op_kind(
+    "shard_result", {"round": Int(1, 2**40), "set": _hash, "shard": _shard, "hash": _hash}, 4 * KiB
+)
+CRDT_DISPUTE = _op_kind(
+    "dispute", {"round": Int(1, 2**40), "set": _hash, "shard": _shard, "member": _public_key, "hash": _hash}, 4 * KiB
+)
 _checkpoint = {"id": _hash, "round": _round, "size": Int(0, 2**50)}
 CRDT_CHECKPOINT = _op_kind("checkpoint", _checkpoint, 4 * KiB)
 CRDT_ATTEST = _op_kind("attest", _checkpoint, 4 * KiB)
@@ -208,14 +223,15 @@ CRDT_SNAPSHOT = _op_kind(
 CRDT_EVIDENCE = _op_kind(
     "evidence",
     {
-        "reason": OneOf(frozenset({"fork", "double-vote", "double-commit", "double-propose", "double-score"})),
+        "reason": OneOf(frozenset({"fork", "double-vote", "double-commit", "double-propose", "double-score",
+                                   "double-result"})),
         "a": Bytes(1, MAX_OP_SIZE + SEAL_OVERHEAD),
         "b": Bytes(1, MAX_OP_SIZE + SEAL_OVERHEAD),
     },
     2 * (MAX_OP_SIZE + SEAL_OVERHEAD) + 4 * KiB,
 )
 _op_kinds = (CRDT_JOIN, CRDT_LEAVE, CRDT_VOTE, CRDT_TIMEOUT, CRDT_COMMIT, CRDT_PROPOSE, CRDT_CHECKPOINT, CRDT_ATTEST, CRDT_HPARAMS, CRDT_SNAPSHOT,
-             CRDT_EVIDENCE, CRDT_SCORE)
+             CRDT_EVIDENCE, CRDT_SCORE, CRDT_SHARD_RESULT, CRDT_DISPUTE)
 CRDT_OP_KINDS = frozenset(kind.name for kind in _op_kinds)
 MAX_SEALED_OP = CRDT_EVIDENCE.max_size + SEAL_OVERHEAD  # the largest op on the wire
 

@@ -28,6 +28,7 @@ from locomesh.crdt import Replica, encode_op, op_id
 from locomesh.node.replication.service import CrdtService
 from locomesh.node.rounds import machine as rm
 from locomesh.netsim.offload import run_inline
+from locomesh.netsim.sim_participant import SimCost, SimParticipant
 from locomesh.node.datadir import IDENTITY_FILE, load_identity
 from locomesh.node.replication.op_log import OpLog, load_into
 from locomesh.node.rounds.participation import RunParticipation
@@ -140,13 +141,38 @@ async def test_a_round_committed_before_a_restart_contributes_the_payload_commit
     party = RunParticipation(SimpleNamespace(identity=me), None, replica, participant, tmp_path, scores=None,
                              timing=rm.Timing(), offload=run_inline)
     payload = bytes(range(256)) * 40
-    stored = party.payloads.store(1, payload)
-    assert await party.payloads.committed_before(1) is None  # nothing committed: train as usual
-    replica.create(me, "commit", round=1, hash=stored.id, size=len(payload))
-    assert (await party.payloads.committed_before(1)).payload == payload
+    stored_id, _size = await party.exchange.allgather.store(1, payload)
+    assert await party.exchange.allgather.committed_before(1) is None  # nothing committed: train as usual
+    replica.create(me, "commit", round=1, hash=stored_id, size=len(payload))
+    assert (await party.exchange.allgather.committed_before(1)).payload == payload
     replica.create(me, "commit", round=2, hash=H2, size=len(payload))  # lost with the disk: nothing to reuse
-    assert await party.payloads.committed_before(2) is None
+    assert await party.exchange.allgather.committed_before(2) is None
 
+
+
+async def test_a_sharded_round_committed_before_a_restart_contributes_the_same_framed_payload(tmp_path):
+    """Sharded exchange keeps our framed payload as one file: after a restart the commitment (the
+    Merkle root over its shards) is honoured with the same bytes, and a file that is not what we
+    committed to (lost, or another payload) is not used."""
+    me = keys(1)[0]
+    replica = Replica(genesis(me))
+    replica.create(me, "join", round=1)
+    participant = SimParticipant({"hparams": {"inner_steps": 1}, "seed": 1}, me.public_key, SimCost(payload_bytes=4096))
+    node = SimpleNamespace(identity=me)
+    party = RunParticipation(node, None, replica, participant, tmp_path, scores=None, timing=rm.Timing(),
+                             offload=run_inline)
+    sharded = party.exchange.sharded
+    payload = participant.train(None, None, None, True).payload
+    root, size = await sharded.store(1, payload)
+    assert await sharded.committed_before(1) is None  # nothing committed: train as usual
+    replica.create(me, "commit", round=1, hash=root, size=size)
+    restarted = RunParticipation(node, None, replica, participant, tmp_path, scores=None, timing=rm.Timing(),
+                                 offload=run_inline)
+    assert (await restarted.exchange.sharded.committed_before(1)).payload == payload
+    other = participant.train(None, None, None, True).payload
+    other_root, _ = await sharded.store(2, other)
+    replica.create(me, "commit", round=2, hash=H2, size=len(other))  # not the root of the stored file
+    assert await restarted.exchange.sharded.committed_before(2) is None and other_root != H2
 
 # --- a ban is visible ----------------------------------------------------------------------------------
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from locomesh.netsim.scenarios import train
-from locomesh.node.rounds.payloads import FETCH_TIMEOUT
+from locomesh.node.exchange.allgather import FETCH_TIMEOUT
 
 SMALL = {"rounds": 4, "inner_steps": 4, "step_seconds": 0.5, "join_window": 1.0, "payload_bytes": 8 * 1024}
 ATTACKS = {"withholding": 2, "restarters": 1, "sybils": 3, "bombers": 2, "spammers": 1}

@@ -95,7 +95,7 @@ def test_sim_help_lists_every_scenario_with_its_options(capsys):
     text = capsys.readouterr().out
     for scenario in SCENARIOS:
         assert f"\n{scenario}: {shows(scenario)}\n" in text
-    assert "    -o rounds=3               training rounds to run" in text
+    assert "    -o rounds=3                training rounds to run" in text
     assert "-o min_success=0.99" in text and "-o topology=homes" in text and "-o delayed_updates=false" in text
     assert "Exit codes: 0 PASS, 1 FAIL, 2 bad arguments." in text
     for scenario in CONFIGS:

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from locomesh.netsim.scenarios import SCENARIOS, train
-from locomesh.node.rounds.payloads import FETCH_TIMEOUT
+from locomesh.node.exchange.allgather import FETCH_TIMEOUT
 from locomesh.node.rounds.state import MIN_COLLECT_SECONDS
 from locomesh.netsim.sim_participant import JUNK_MARK, SimCost, SimParticipant
 from locomesh.node.transfer.store import load_state, write_state

@@ -1,5 +1,6 @@
 """The `RoundParticipant` contract (training/contract.py): exactly what node/rounds/ (with the state
-store it loads states through, node/transfer/store.py, and the run's data, node/datasets/) uses of
+store it loads states through, node/transfer/store.py, the run's data, node/datasets/, and the
+exchange of payloads, node/exchange/) uses of
 a participant, and both the real and the simulated participant implement it."""
 
 from __future__ import annotations
@@ -41,10 +42,12 @@ def _is_participant(expression: ast.expr) -> bool:
 
 
 def _used_by_the_rounds() -> dict[str, set[str]]:
-    """What node/rounds/*.py and the state store read of a participant, and of its `settings` and `outer`."""
+    """What node/rounds/*.py, node/exchange/*.py (allgather and sharded exchange), the state store and
+    node/datasets/ read of a participant, and of its `settings` and `outer`."""
     used: dict[str, set[str]] = {"participant": set(), "settings": set(), "outer": set()}
     paths = [*Path(locomesh.node.rounds.__file__).parent.glob("*.py"), Path(locomesh.node.transfer.store.__file__),
-             *Path(locomesh.node.datasets.__file__).parent.glob("*.py")]
+             *Path(locomesh.node.datasets.__file__).parent.glob("*.py"),
+             *Path(locomesh.node.rounds.__file__).parent.parent.joinpath("exchange").glob("*.py")]
     for path in paths:
         for node in ast.walk(ast.parse(path.read_text())):
             if not isinstance(node, ast.Attribute):

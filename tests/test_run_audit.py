@@ -276,9 +276,9 @@ async def test_an_archive_writes_the_others_payloads_it_fetched_to_the_store(tmp
             held.hold(manifest).store(index, frame)
         return manifest
 
-    monkeypatch.setattr("locomesh.node.rounds.payloads.download_checkpoint", fetched_into_memory)
+    monkeypatch.setattr("locomesh.node.exchange.allgather.download_checkpoint", fetched_into_memory)
     limits = payload_limits(participation.run_id, 1, len(payload), 1 << 20)
-    got = await participation.payloads._download(1, MEMBERS[1].public_key, manifest.id, limits,
+    got = await participation.exchange.allgather._download(1, MEMBERS[1].public_key, manifest.id, limits,
                                                  DownloadProgress(manifest.id))
     assert bytes(got) == payload
     assert manifest_path(tmp_path, manifest.id).exists() == archive

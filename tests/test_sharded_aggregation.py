@@ -1,4 +1,4 @@
-"""The sharded aggregation state machine (node/sharded/aggregation.py): one peer's part in one round."""
+"""The sharded aggregation state machine (node/exchange/sharded_machine.py): one peer's part in one round."""
 
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ from collections import deque
 
 import pytest
 
-from locomesh.node.sharded.aggregation import (
-    ABANDON_AFTER, Accuse, Assemble, ComputeShard, FetchInput, FetchResult, GiveUp, ImpossibleEvent, InputFetched,
+from locomesh.node.exchange.sharded_machine import (
+    ABANDON_AFTER, Accuse, Assemble, ComputeShard, Disputed, FetchInput, FetchResult, GiveUp, ImpossibleEvent,
+    InputFetched,
     PublishResult, ResultFetched, ResultSigned, ShardComputed, ShardedAggregation, ShardPhase, Tick,
 )
-from locomesh.node.rounds.orders import shard_committees
-from locomesh.node.sharded.plan import plan
+from locomesh.node.exchange.committees import plan, shard_committees
 
 ME, A, B, C = b"me", b"a", b"b", b"c"
 AUTHORS = (ME, A, B, C)
@@ -75,6 +75,25 @@ def test_a_wholly_byzantine_committee_is_caught_by_a_check():
         Accuse(1, A, BAD, GOOD, "wrong-result"), Accuse(1, C, BAD, GOOD, "wrong-result")]
     assert sign(aggregation, 0, [A, B]) == [FetchResult(0, GOOD, (A, B))]
     assert aggregation.handle(ResultFetched(0, True, 3.0)) == [Assemble()]
+
+
+def test_a_dispute_makes_a_shard_settled_on_the_committees_word_be_recomputed():
+    """A committee that is all Byzantine signs one wrong hash; a check elsewhere disputes it, and
+    we recompute rather than rest on the committee's word. A shard computed here stays as it is."""
+    aggregation, _ = machine([[ME, A], [B, C], [A, B]])
+    feed_inputs(aggregation, 0)
+    aggregation.handle(ShardComputed(0, GOOD, 2.0))
+    sign(aggregation, 1, [B, C], BAD)
+    aggregation.handle(ResultFetched(1, True, 3.0))
+    assert aggregation.shards[1].phase is ShardPhase.SETTLED
+    assert aggregation.handle(Disputed(0, 3.5)) == []  # computed here
+    assert aggregation.handle(Disputed(1, 4.0)) == [FetchInput(1, A), FetchInput(1, B), FetchInput(1, C)]
+    assert aggregation.handle(Disputed(1, 4.1)) == []  # already recomputing
+    sign(aggregation, 2, [A, B])
+    aggregation.handle(ResultFetched(2, True, 4.5))
+    assert feed_inputs(aggregation, 1) == [ComputeShard(1)]
+    assert aggregation.handle(ShardComputed(1, GOOD, 5.0)) == [
+        Accuse(1, B, BAD, GOOD, "wrong-result"), Accuse(1, C, BAD, GOOD, "wrong-result"), Assemble()]
 
 
 def test_a_lie_signed_after_our_computation_is_accused_at_once():

@@ -1,6 +1,6 @@
 """Sharded exchange, the pure parts: shard payloads, their Merkle commitment, per-shard aggregation
 assembled into the outer step, committees and the committee plan (training/shards.py,
-protocol/merkle.py, node/rounds/orders.py, node/sharded/plan.py)."""
+protocol/merkle.py, node/exchange/committees.py)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from locomesh.node.sharded.plan import byzantine_bound, miss_probability, plan
-from locomesh.node.rounds.orders import shard_committees
+from locomesh.node.exchange.committees import byzantine_bound, miss_probability, plan, shard_committees
 from locomesh.protocol import merkle
 from locomesh.training.codec import CodecError, Encoder, decode, encode, non_finite_payload, split_payload
 from locomesh.training.diloco import DiLoCoConfig, simulate_diloco

@@ -27,6 +27,7 @@ from .checkpoint_manifest import ManifestLimits
 
 if TYPE_CHECKING:
     from .participant import Contribution, StateSnapshot
+    from .shards import ShardedPayload, ShardLayout
 
 PAYLOAD_TENSOR = "payload"  # a payload travels as a checkpoint of one uint8 tensor of its bytes, by this name
 
@@ -59,6 +60,16 @@ class TrainingSettings(Protocol):
         """The run's contribution scoring policy: "off" or "report" (`run_settings.SCORING_POLICIES`)."""
         ...
 
+    @property
+    def exchange(self) -> str:
+        """How the run's payloads are exchanged: "auto", "allgather" or "sharded" (node/exchange/mode.py)."""
+        ...
+
+    @property
+    def byzantine_fraction(self) -> float:
+        """The Byzantine share the run's shard committees are sized for."""
+        ...
+
 
 @runtime_checkable
 class OuterShape(Protocol):
@@ -74,7 +85,13 @@ class RoundParticipant(Protocol):
 
     Errors the round relies on: `train` raises `TrainingDiverged` when there is nothing to send;
     `aggregate` raises a `ValueError` when no payload can be applied; `payload_limits` raises
-    `ParticipantError` (a `ValueError`) for a payload size the run cannot have."""
+    `ParticipantError` (a `ValueError`) for a payload size the run cannot have.
+
+    In a sharded round (training/shards.py) `train(sharded=True)` gives a framed payload, one
+    codec payload per shard of `shard_layout`; a committee member aggregates a shard
+    (`aggregate_shard`), signs its `result_hash` and serves `result_to_bytes`; every peer applies
+    the round's results (`apply_shards`), θ_r becoming θ_{r+1} as with `aggregate`. Shard indexes
+    out of the layout, frames and results that do not fit raise `ValueError`s."""
 
     @property
     def settings(self) -> TrainingSettings: ...
@@ -88,10 +105,12 @@ class RoundParticipant(Protocol):
         devices of a data-parallel group."""
         ...
 
-    def train(self, stop: Callable[[], bool] | None = None, start: Any = None, data: Any = None) -> Contribution:
+    def train(self, stop: Callable[[], bool] | None = None, start: Any = None, data: Any = None,
+              sharded: bool = False) -> Contribution:
         """This round's contribution, from θ_r or from `start` (what `delayed_start` returned);
         `stop()` is asked between steps and may end training early. `data`: the tokens of the
-        dataset shards the round assigned this peer, when the run has a dataset (`data_needs`)."""
+        dataset shards the round assigned this peer, when the run has a dataset (`data_needs`).
+        `sharded`: the payload framed one shard at a time (`shard_layout`)."""
         ...
 
     def data_needs(self) -> DataNeeds:
@@ -117,6 +136,46 @@ class RoundParticipant(Protocol):
 
     def aggregate(self, payloads: Mapping[bytes, bytes]) -> object:
         """The outer step over the round's payloads by author key: θ_r becomes θ_{r+1}."""
+        ...
+
+    def shard_layout(self) -> ShardLayout:
+        """The run's shards: how a payload and the aggregate are cut in a sharded round."""
+        ...
+
+    def sharded_payload(self, payload: bytes) -> ShardedPayload:
+        """A framed payload's shards and their Merkle root; `CodecError` "bad-frame" if it is none."""
+        ...
+
+    def shard_limit(self, index: int) -> int:
+        """The most bytes shard `index` of a payload can have."""
+        ...
+
+    def max_sharded_payload_size(self) -> int:
+        """The most bytes a framed payload can have (a sharded commit's size bound)."""
+        ...
+
+    def aggregate_shard(self, index: int, shards: Mapping[bytes, bytes]) -> tuple[Any, list[bytes], dict[bytes, Any]]:
+        """Shard `index` of round r + 1's aggregate from each author's shard: (values, accepted, rejected by author)."""
+        ...
+
+    def result_hash(self, index: int, values: Any) -> bytes:
+        """What a committee member signs for `values` as shard `index` of the round being aggregated (r + 1)."""
+        ...
+
+    def result_size(self, index: int) -> int:
+        """The exact bytes of shard `index`'s result (`result_to_bytes`)."""
+        ...
+
+    def result_from_bytes(self, index: int, data: bytes) -> Any:
+        """Shard `index`'s result values from their bytes; `ValueError` for bytes no result has."""
+        ...
+
+    def result_to_bytes(self, values: Any) -> bytes:
+        """A shard result's values as they travel and are served."""
+        ...
+
+    def apply_shards(self, results: Sequence[Any], accepted: Sequence[bytes], rejected: Mapping[bytes, Any]) -> object:
+        """The step with every shard's result in layout order: θ_r becomes θ_{r+1}; `ValueError` if none accepted."""
         ...
 
     def scoring_base(self) -> Any:
@@ -150,8 +209,8 @@ class RoundParticipant(Protocol):
         """The current state's eval loss and the task's floor (None where unknown)."""
         ...
 
-    def payload_limits(self, run: bytes, round_number: int, size: int) -> ManifestLimits:
-        """What the checkpoint of a payload of `size` bytes committed for `round_number` may be."""
+    def payload_limits(self, run: bytes, round_number: int, size: int, sharded: bool = False) -> ManifestLimits:
+        """What the checkpoint of a payload of `size` bytes (framed if `sharded`) committed for `round_number` may be."""
         ...
 
     def state_limits(self, run: bytes, round_number: int | None = None) -> ManifestLimits:

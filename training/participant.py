@@ -14,6 +14,10 @@ no I/O:
   more in the early rounds (README, Measured figures);
 - `aggregate(payloads)`: decode, validate, robust-aggregate and take the outer Nesterov step
   (`OuterStep`, bit-exact on every CPU), giving θ_{r+1};
+- in a sharded round (training/shards.py), `train(sharded=True)` frames one payload per shard,
+  a committee member aggregates a shard (`aggregate_shard`) and signs its `result_hash`, and every
+  peer applies the round's shard results (`apply_shards`): the same θ_{r+1} as if it had computed
+  every shard itself. `self.round` is the state's round r; the round being aggregated is r + 1;
 - `payload_limits(...)` / `state_limits(...)`: what a payload or a state of this run can be at
   most (from the model's size and the codec), so a peer refuses a commit, a manifest or a
   state's header that claims more before it fetches or allocates anything for it;
@@ -39,15 +43,17 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from .attacks import AttackView, get_attack
+from . import participant_shards as sharding
 from .checkpoint_manifest import Manifest, ManifestLimits, TensorSpec
 from .contract import PAYLOAD_TENSOR, DataNeeds
-from .codec import Encoder, decode, max_payload_size, non_finite_payload
+from .codec import CodecError, Encoder, decode, max_payload_size, non_finite_payload
 from .flat import flatten, unflatten_into
 from .devices import describe
 from .distributed import inner_worker
 from .inner import InnerConfig
 from .memory import release_free_memory
 from .outer import OuterResult, OuterStep
+from .shards import ShardedPayload, ShardLayout, aggregate_shard, max_framed_size, shard_limits, shard_result_hash, unframe
 from .run_settings import ParticipantError, RoundSettings, TrainingDiverged, check_run_settings
 from .state_chunks import FAST_LEVEL, StateChunks, checkpoint_limits, checkpoint_manifest, chunk_state, state_digest
 from .state_format import layout_raw_size
@@ -145,6 +151,8 @@ class Participant:
         # A test adversary's view of the others: their Δs of the last round it aggregated (a peer
         # sees the others' payloads only after they commit, so its attack lags them by a round).
         self.others_last_round: list[np.ndarray] = []
+        self._shard_layout: ShardLayout | None = None  # made on first use: θ's size never changes in a run
+        self._limits: list[int] | None = None  # each shard's most bytes, with the layout
 
     @classmethod
     def for_run(
@@ -169,16 +177,20 @@ class Participant:
 
     def train(
         self, stop: Callable[[], bool] | None = None, start: np.ndarray | None = None,
-        data: Sequence[np.ndarray] | None = None,
+        data: Sequence[np.ndarray] | None = None, sharded: bool = False,
     ) -> Contribution:
         """H inner steps from `start` (default θ_r); the encoded pseudo-gradient (or, for a test
         adversary, its attack). `stop` is asked after each step: once it says yes, training ends
         early (the result is then one the caller discards). `data`: the tokens of the dataset
         shards the round assigned this peer (a run with a dataset trains on nothing else).
+        `sharded`: the payload is one per shard of `shard_layout`, framed (`frame_shards`); a test
+        adversary attacks in allgather exchange only (`ParticipantError`).
 
         Reads θ only when no `start` is given, so with a `start` it may run while `aggregate`
         computes the next θ. Raises `TrainingDiverged` if the loss or Δ is not finite (nothing
         to send: a non-finite payload is refused by every peer)."""
+        if sharded and self.attack is not None:
+            raise ParticipantError("attacks run in allgather exchange")
         if getattr(self.task, "dataset_id", None) is not None and data is None:
             raise ParticipantError("this run trains on a dataset: a round needs the shards it assigned this peer")
         batches = None if data is None else self.task.round_batches(data, self.settings.batch_size)
@@ -186,7 +198,9 @@ class Participant:
         result = self.worker.run_round(self.outer.theta if start is None else start,
                                        self.settings.inner_steps, stop=stop, batches=batches)
         self._check_finite(result.mean_loss, result.steps, result.delta)
-        if self.attack is None:
+        if sharded:
+            payload = sharding.encode_framed(self.encoder, result.delta, self.shard_layout())
+        elif self.attack is None:
             payload = self.encoder.encode(result.delta)
         else:
             payload = self._attack_payload(result.delta)
@@ -280,6 +294,69 @@ class Participant:
         self.round += 1
         return result
 
+    # --- sharded exchange (training/shards.py, training/participant_shards.py) ---------------------
+
+    def shard_layout(self) -> ShardLayout:
+        """θ cut into the run's shards (`shard_values` values, rounded up to the codec's blocks)."""
+        if self._shard_layout is None:
+            self._shard_layout = sharding.layout_of(self.outer, self.settings.shard_values)
+        return self._shard_layout
+
+    def sharded_payload(self, payload: bytes) -> ShardedPayload:
+        """The shards of a framed payload and their Merkle root; `CodecError` "bad-frame" for a
+        frame that is not one of `shard_layout`'s shards within their limits."""
+        return ShardedPayload(unframe(payload, self._shard_limits()))
+
+    def shard_limit(self, index: int) -> int:
+        """The most bytes shard `index`'s payload can have (`ValueError` for no such shard)."""
+        return self._shard_limits()[sharding.checked_index(self.shard_layout(), index)]
+
+    def max_sharded_payload_size(self) -> int:
+        """The most bytes a framed payload of this run can have (every shard at its limit)."""
+        return max_framed_size(self._shard_limits())
+
+    def _shard_limits(self) -> list[int]:
+        if self._limits is None:
+            self._limits = shard_limits(self.shard_layout(), self.settings.codec)
+        return self._limits
+
+    def aggregate_shard(self, index: int,
+                        shards: Mapping[bytes, bytes]) -> tuple[np.ndarray, list[bytes], dict[bytes, CodecError]]:
+        """Shard `index` of round r + 1's aggregate from every author's payload of it (by author
+        key), as `aggregate` would compute that range: (values, accepted, rejected). The state is
+        not touched; raises like `OuterStep.step` (`EmptyRoundError` with no valid payload)."""
+        layout = self.shard_layout()
+        return aggregate_shard(self.outer, layout, sharding.checked_index(layout, index), shards,
+                               bucket_seed=self.round.to_bytes(8, "big"))
+
+    def result_hash(self, index: int, values: np.ndarray) -> bytes:
+        """What a member signs for `values` as shard `index` of round r + 1 (the round being aggregated)."""
+        return shard_result_hash(self.round + 1, index, values)
+
+    def result_size(self, index: int) -> int:
+        """The bytes of shard `index`'s result: four a value."""
+        return 4 * self.shard_layout().size(sharding.checked_index(self.shard_layout(), index))
+
+    def result_from_bytes(self, index: int, data: bytes) -> np.ndarray:
+        """Shard `index`'s values from `result_to_bytes`'s bytes; `ValueError` unless exactly its size and finite."""
+        return sharding.result_from_bytes(self.shard_layout(), index, data)
+
+    def result_to_bytes(self, values: np.ndarray) -> bytes:
+        """A shard result's values as they travel: little-endian float32."""
+        return sharding.result_to_bytes(values)
+
+    def apply_shards(self, results: Sequence[np.ndarray], accepted: Sequence[bytes],
+                     rejected: Mapping[bytes, CodecError]) -> OuterResult:
+        """The outer step with every shard's result (in layout order) as the aggregate: θ_{r+1}.
+        `EmptyRoundError` if nobody was accepted, `ValueError` for results that do not fit; the
+        state is unchanged when it raises. Frees memory as `aggregate` does."""
+        try:
+            result = sharding.apply_results(self.outer, self.shard_layout(), results, accepted, rejected)
+        finally:
+            release_free_memory()
+        self.round += 1
+        return result
+
     def evaluation_due(self) -> bool:
         """Is the state of this round one the run evaluates (`eval_every`)?"""
         every = self.settings.eval_every
@@ -334,10 +411,11 @@ class Participant:
         """The most bytes a payload of this run can have: its codec's worst case for the model's size."""
         return max_payload_size(self.settings.codec, self.outer.numel, self.outer.config.block_size)
 
-    def payload_limits(self, run: bytes, round_number: int, size: int) -> ManifestLimits:
+    def payload_limits(self, run: bytes, round_number: int, size: int, sharded: bool = False) -> ManifestLimits:
         """What the checkpoint of a payload of `size` bytes committed for round `round_number` may be
-        (`payload_limits`); `ParticipantError` for a size no payload of this run has."""
-        return payload_limits(run, round_number, size, self.max_payload_size())
+        (`payload_limits`; `sharded`: a framed one); `ParticipantError` for a size no such payload has."""
+        return payload_limits(run, round_number, size,
+                              self.max_sharded_payload_size() if sharded else self.max_payload_size())
 
     def state_layout(self) -> dict[str, TensorSpec]:
         """The tensors of a state of this run: θ and momentum, and (after a round) the previous aggregate."""

@@ -27,6 +27,7 @@ from typing import Any, Callable
 from .aggregators import AGGREGATORS
 from .codec import MODES
 from .outer import OuterConfig
+from .shards import DEFAULT_SHARD_VALUES
 
 # "off" is the default: a committee member runs (set size + 1) x scoring_batches forward passes a
 # round (for the default task with 4 batches, ~1.3 inner steps' worth per contribution: a whole
@@ -57,6 +58,7 @@ def _no_required_options(function: Callable[..., Any]) -> bool:
 # A run names its aggregator only, never options: Krum needs `f`, which no setting gives.
 RUN_AGGREGATORS = tuple(sorted(name for name, function in AGGREGATORS.items() if _no_required_options(function)))
 INNER_OPTIMIZERS = ("adamw",)
+EXCHANGES = ("auto", "allgather", "sharded")
 
 
 @dataclass(frozen=True)
@@ -106,7 +108,7 @@ class Rule:
 
 
 def _number(value: float | None) -> str:
-    return f"{value:g}"
+    return str(value) if isinstance(value, int) else f"{value:g}"  # `:g` would round a large integer bound
 
 
 def _shown(value: Any) -> str:
@@ -133,6 +135,11 @@ RULES: dict[str, Rule] = {
     "aggregator": _choice(*RUN_AGGREGATORS),
     "max_update_norm": Rule(float, 0, 1e9, low_open=True, optional=True),
     "byzantine_fraction": Rule(float, 0, 0.5, high_open=True),
+    # How a round's payloads are exchanged (node/exchange/mode.py): "auto" shards once that costs
+    # a member fewer bytes than fetching every payload.
+    "exchange": _choice(*EXCHANGES),
+    # Values a shard of sharded exchange holds (training/shards.py: rounded up to whole codec blocks).
+    "shard_values": _integer(1024, 1 << 24),
     "round_deadline_s": Rule(float, 1, 86_400),
     "min_peers": _integer(1, 10_000),
     "eval_every": _integer(0, 1_000_000),  # evaluate the shared state every this many rounds (0: never)
@@ -160,6 +167,10 @@ class RoundSettings:
     aggregator: str = "centered_clip"
     max_update_norm: float | None = None
     byzantine_fraction: float = 0.2
+    # "allgather" until a member that crashes after its commit cannot cost a sharded round its
+    # deadline (README, "Sharded exchange": known limits); "auto" and "sharded" are there to choose.
+    exchange: str = "allgather"
+    shard_values: int = DEFAULT_SHARD_VALUES
     round_deadline_s: float = 600.0
     min_peers: int = 1  # a round starts once this many peers are eligible for it
     eval_every: int = 1

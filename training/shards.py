@@ -6,6 +6,8 @@ In `allgather` exchange every peer fetches every payload and aggregates the whol
 encodes its pseudo-gradient as one codec payload per shard (`Encoder.encode_shards`: the same
 quantization, cut where no block straddles two shards) and commits to the Merkle root over their
 hashes (`ShardedPayload`), so each shard can be fetched and checked on its own (`check_shard`).
+The contributor's shards travel and are stored as one payload (`frame_shards`; `unframe_shards`
+reads it back, bounded by the run's per-shard limits before anything is copied).
 Shard s is aggregated from every accepted author's shard-s payload, centred on shard s of the
 previous aggregate (`aggregate_shard`: `OuterStep.aggregate_range`, the same bit-exact arithmetic);
 the shard aggregates, laid end to end, are the round's aggregate, and the cap and momentum step
@@ -21,6 +23,7 @@ shard instead of the whole vector (bench/byzantine.py --exchange compares the tw
 from __future__ import annotations
 
 import hashlib
+import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -34,6 +37,7 @@ from .exact import F32
 from .outer import Author, EmptyRoundError, OuterResult, OuterStep, author_key
 
 DEFAULT_SHARD_VALUES = 1 << 20  # 1M values: 1 MiB of int8 codes; a 25M model has 25 shards
+_U32 = struct.Struct(">I")
 
 
 @dataclass(frozen=True)
@@ -134,3 +138,54 @@ def sharded_step(outer: OuterStep, layout: ShardLayout, payloads: Mapping[Author
         raise EmptyRoundError(rejected)
     accepted = sorted((author for author in payloads if author not in rejected), key=author_key)
     return outer.apply_aggregate(g, accepted, rejected)
+
+
+# -- one bytes object for a contributor's shard payloads ---------------------------------------------
+# A sharded payload travels and is stored as one payload (what the participation already carries):
+#   u32 count ‖ count × u32 length ‖ the shards' bytes in order  (big-endian lengths)
+
+
+def frame_shards(shards: Sequence[bytes]) -> bytes:
+    """The shards, in order, as one bytes object (`unframe` reads it back)."""
+    return b"".join([_U32.pack(len(shards)), *(_U32.pack(len(shard)) for shard in shards), *shards])
+
+
+def shard_limits(layout: ShardLayout, codec: str) -> list[int]:
+    """The most bytes each shard payload of `layout` can have in a run with `codec`."""
+    return [max_payload_size(codec, layout.size(index), layout.block) for index in range(layout.count)]
+
+
+def max_framed_size(limits: Sequence[int]) -> int:
+    """The most bytes a framed payload whose shards are at most `limits` can have."""
+    return _U32.size * (1 + len(limits)) + sum(limits)
+
+
+def unframe_shards(data: bytes, layout: ShardLayout, *, codec: str) -> list[bytes]:
+    """The shard payloads of a framed payload of `layout` in a run with `codec` (`unframe`)."""
+    return unframe(data, shard_limits(layout, codec))
+
+
+def unframe(data: bytes, limits: Sequence[int]) -> list[bytes]:
+    """The shards framed in `data`: exactly len(limits) of them, shard i at most limits[i] bytes,
+    the lengths adding up to the data; anything else is a `CodecError` "bad-frame". Everything is
+    checked against the header before a shard is copied out."""
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise CodecError("bad-frame", f"a framed payload must be bytes, got {type(data).__name__}")
+    view = memoryview(data).cast("B")
+    count = len(limits)
+    header = _U32.size * (1 + count)
+    if len(view) > max_framed_size(limits):
+        raise CodecError("bad-frame", f"a framed payload of {len(view)} bytes, at most {max_framed_size(limits)} here")
+    if len(view) < header or _U32.unpack_from(view, 0)[0] != count:
+        raise CodecError("bad-frame", f"a framed payload must hold {count} shards")
+    lengths = [_U32.unpack_from(view, _U32.size * (1 + index))[0] for index in range(count)]
+    for index, (length, limit) in enumerate(zip(lengths, limits)):
+        if length > limit:
+            raise CodecError("bad-frame", f"shard {index} is {length} bytes, at most {limit} here")
+    if header + sum(lengths) != len(view):
+        raise CodecError("bad-frame", f"the shards' lengths add up to {sum(lengths)}, the frame holds {len(view) - header}")
+    shards, position = [], header
+    for length in lengths:
+        shards.append(bytes(view[position:position + length]))
+        position += length
+    return shards

@@ -54,6 +54,7 @@ from locomesh.node.config import NodeConfig
 from locomesh.node.rounds.participation import RunParticipation
 from locomesh.node.rounds.service import RoundService
 from locomesh.node.runs.registry import DEFAULT_HPARAMS
+from locomesh.node.exchange.shard_transfer import ShardService
 from locomesh.node.transfer.service import CheckpointService
 from locomesh.protocol.runs import load_manifest, sign_manifest
 
@@ -62,7 +63,7 @@ from ..links import Capacity, LinkProfile
 from ..node import SimNode
 from ..offload import run_inline
 from .. import adversaries
-from ..adversaries import WithholdingCheckpointService
+from ..adversaries import LyingSimParticipant, WithholdingCheckpointService, WithholdingShardService
 from ..sim_participant import SimCompute, SimCost, SimParticipant
 from ..simulation import Simulation, run_simulation
 from .options import option
@@ -94,6 +95,7 @@ class Config:
     slow_factor: float = option(1.5, "how much slower the slow nodes train")
     byzantine: int = option(0, "hostile members whose updates are junk")
     withholding: int = option(0, "hostile members that commit to an update and never serve it")
+    liars: int = option(0, "hostile members whose shard results are wrong (sharded exchange)")
     restarters: int = option(0, "honest members killed right after a commit and restarted on their data")
     sybils: int = option(0, "extra hostile keys that join and vouch for a bogus checkpoint every round")
     bombers: int = option(0, "extra hostile keys that join and commit an oversized update every round")
@@ -103,6 +105,10 @@ class Config:
     churn_every: int = option(0, "rounds between churn waves after the first (0: one wave)")
     delayed_updates: bool = option(False, "one-round-delayed outer updates: round r+1 trains while round r is "
                                           "exchanged")
+    exchange: str = option("allgather", "how payloads are exchanged: allgather, sharded, or auto "
+                                        "(node/exchange/mode.py)")
+    byzantine_fraction: float = option(0.2, "the Byzantine share the run's shard committees are sized for")
+    shards: int = option(8, "shards of a payload in sharded exchange")
     run_timeout: float = option(3600.0, "virtual seconds after the last join before the run is stopped")
 
 
@@ -174,14 +180,18 @@ class _Run(TrainReporting):
         config = self.config
         factor = config.slow_factor if kind == "slow" else 1.0
         cost = SimCost(step_seconds=config.step_seconds * factor, aggregate_seconds=config.aggregate_seconds,
-                       payload_bytes=config.payload_bytes, state_bytes=config.state_bytes)
+                       payload_bytes=config.payload_bytes, state_bytes=config.state_bytes, shards=config.shards)
 
         def participant(body: Mapping[str, Any], key: bytes, _attack: str | None) -> SimParticipant:
+            if kind == "liar":
+                return LyingSimParticipant(body, key, cost)
             return SimParticipant(body, key, cost, byzantine=kind == "byzantine")
 
         compute = SimCompute()
         serving = WithholdingCheckpointService if kind == "withholding" else CheckpointService
-        pieces = replace(SIMULATED, participant_factory=participant, compute=compute, checkpoint_service=serving)
+        shards = WithholdingShardService if kind == "withholding" else ShardService
+        pieces = replace(SIMULATED, participant_factory=participant, compute=compute, checkpoint_service=serving,
+                         shard_service=shards)
         return node_services(NodeConfig(self.directory / node.name), pieces), compute
 
     def _add_intruder(self, kind: str) -> _Intruder:
@@ -224,6 +234,7 @@ class _Run(TrainReporting):
     def _kinds(self) -> list[str]:
         config = self.config
         kinds = ["honest"] + ["byzantine"] * config.byzantine + ["withholding"] * config.withholding
+        kinds += ["liar"] * config.liars
         kinds += ["restarter"] * config.restarters + ["slow"] * config.slow
         if len(kinds) > config.nodes:
             raise ValueError("byzantine + withholding + slow must leave at least one honest node (node 0, the creator)")
@@ -258,8 +269,10 @@ class _Run(TrainReporting):
 
     def _create_run(self, creator: _Member) -> None:
         config = self.config
-        hparams = {**DEFAULT_HPARAMS, "min_peers": config.nodes, "round_deadline_s": config.round_deadline_s,
-                   "inner_steps": config.inner_steps, "delayed_updates": config.delayed_updates}
+        # A liar is banned once caught (node/exchange/sharded.py): the run goes on without it.
+        hparams = {**DEFAULT_HPARAMS, "min_peers": config.nodes - config.liars, "round_deadline_s": config.round_deadline_s,
+                   "inner_steps": config.inner_steps, "delayed_updates": config.delayed_updates,
+                   "exchange": config.exchange, "byzantine_fraction": config.byzantine_fraction}
         self.manifest = sign_manifest(creator.node.identity, task="netsim", name="netsim train", seed=self.sim.seed,
                                       hparams=hparams, public=True, created=int(clock.wall()))
         self.run_id = load_manifest(self.manifest)[0]
@@ -319,7 +332,8 @@ class _Run(TrainReporting):
 
     async def _watch(self, done: trio.CancelScope) -> None:
         """Note when each node comes to hold each round's certified state (by aggregating or by a
-        sync); end the run once every live node has recorded the last round in its history."""
+        sync); end the run once every live node has recorded the last round in its history (a
+        banned one never will)."""
         while True:
             await trio.sleep(WATCH_SECONDS)
             for member in self.members:
@@ -330,7 +344,8 @@ class _Run(TrainReporting):
                 if held > 0 and held not in member.done_at:
                     member.done_at[held] = trio.current_time()
             live = [m for m in self.members if not m.crashed]
-            if len(live) >= self.config.nodes and all(self._recorded(m, self.config.rounds) for m in live):
+            going = [m for m in live if (p := m.participation(self.run_id)) is None or p.banned is None]
+            if len(live) >= self.config.nodes and all(self._recorded(m, self.config.rounds) for m in going):
                 done.cancel()
                 return
 

@@ -4,6 +4,7 @@ the round machine inherits its replay handlers)."""
 
 from __future__ import annotations
 
+import statistics
 from collections import Counter
 from dataclasses import asdict
 from typing import Any
@@ -16,7 +17,7 @@ from ..report import counted, criterion, glossary, percentile, table, verdict
 from . import glossaries
 
 MEGABIT = 1_000_000 / 8
-HOSTILE = frozenset({"byzantine", "withholding"})  # members whose payloads or service are hostile
+HOSTILE = frozenset({"byzantine", "withholding", "liar"})  # members whose payloads or service are hostile
 
 
 class TrainReporting:
@@ -59,7 +60,8 @@ class TrainReporting:
     def _hostile(self) -> str:
         """The hostile members and keys of the run, in words ("" when none)."""
         config = self.config
-        counts = {"byzantine": config.byzantine, "withholding": config.withholding, "sybil": config.sybils,
+        counts = {"byzantine": config.byzantine, "withholding": config.withholding, "liar": config.liars,
+                  "sybil": config.sybils,
                   "bomber": config.bombers, "spammer": config.spammers}
         return ", ".join(f"{count} {name}" for name, count in counts.items() if count)
 
@@ -144,21 +146,29 @@ class TrainReporting:
         for r in range(1, self.config.rounds + 1):
             times = [m.done_at[r] - self.started for m in self.members if r in m.done_at]
             records = self._records(r)
-            contributors = Counter(record.contributors for record in records if not record.synced).most_common(1)
+            computed = [record for record in records if not record.synced]
+            contributors = Counter(record.contributors for record in computed).most_common(1)
+            exchange = Counter((record.exchange or {}).get("mode", "allgather") for record in computed).most_common(1)
+            fetched = [record.bytes_fetched for record in computed if record.bytes_fetched is not None]
             first = min(times, default=None)
             rows.append([
                 r, _rounded(first), _rounded(max(times, default=None)),
                 _rounded(None if first is None or previous is None else first - previous),
-                contributors[0][0] if contributors else None, sum(1 for record in records if record.synced), len(times),
+                contributors[0][0] if contributors else None, sum(1 for record in records if record.synced),
+                exchange[0][0] if exchange else None, _rounded(statistics.median(fetched) / 1024) if fetched else None,
+                len(times),
             ])
             previous = first
         return table(
             "Rounds",
-            ["round", "certified at s", "last node at s", "round time s", "contributors", "splits (synced)", "nodes done"],
+            ["round", "certified at s", "last node at s", "round time s", "contributors", "splits (synced)", "exchange",
+             "down KiB p50", "nodes done"],
             rows,
             note="Virtual seconds from the run's creation until the first (last) node held the round's certified state. "
                  "Contributors: payloads combined by the nodes that computed the round. Splits (synced): nodes that "
-                 "finished the round by downloading the certified state instead of computing it (see the glossary).",
+                 "finished the round by downloading the certified state instead of computing it (see the glossary). "
+                 "Exchange: allgather or sharded (node/exchange/mode.py). Down: payload bytes (shards and shard "
+                 "results in sharded exchange) a node that computed the round downloaded, median over nodes.",
         )
 
     def _node_table(self) -> dict:

@@ -52,7 +52,6 @@ from libp2p.pubsub.pubsub import Pubsub
 from libp2p.tools.anyio_service import background_trio_service
 
 from locomesh.crdt import Genesis, Replica, evidence_fields
-from locomesh.crdt.evidence import ban_reason
 from locomesh.crdt.limits import earlier_statement
 from locomesh.crdt.scores import scores_json
 from locomesh.protocol import ProtocolError, decode, encode, peer_id_from_public_key, public_key_from_peer_id
@@ -451,7 +450,7 @@ class CrdtService:
 
         def check() -> None:
             if replica.run_id not in self._bans:
-                reason = ban_reason(replica.facts, me)
+                reason = replica.ban_reason(me)
                 if reason is not None:
                     self._bans[replica.run_id] = reason
                     logger.warning("run %s: this node's key is banned: %s. It can take no further part in this run "

@@ -5,7 +5,7 @@ Modules, one job each:
 * `events`: the round machine's vocabulary (phases, the events fed in, the actions returned);
 * `machine`: one peer's round protocol, a sans-IO state machine (the theory of operation is there);
   `replay` holds its handlers for replaying a round certified without us, `state` what it records,
-  `orders` who proposes, stewards and (sharded exchange) sits on which committee;
+  `orders` who proposes and stewards;
 * `work`: what a peer keeps about the round it works on and the rounds it finished;
 * `history`: the finished rounds kept in the data dir (they outlive `run leave` and a restart);
 * `status`: what the round under way waits for and on whom, and the members by peer ID;

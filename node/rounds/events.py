@@ -79,13 +79,23 @@ class Aggregated:
 
 
 @dataclass(frozen=True)
+class Withheld:
+    """Sharded exchange: nobody serves `author`'s part of the set being aggregated, so it cannot
+    be aggregated (as a payload of the followed set that failed its fetches in allgather)."""
+
+    round: int
+    author: Author
+    now: float
+
+
+@dataclass(frozen=True)
 class Synced:
     round: int
     state_hash: bytes | None  # None: the sync failed; it is tried again after RETRY_SECONDS
     now: float
 
 
-Event = Union[Observation, Trained, Fetched, Aggregated, Synced]
+Event = Union[Observation, Trained, Fetched, Aggregated, Withheld, Synced]
 
 
 # --- outputs ---------------------------------------------------------------------------------------

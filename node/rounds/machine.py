@@ -113,7 +113,7 @@ from locomesh.node.rounds.orders import first_round_to_join, proposer_order, sta
 from locomesh.node.rounds.events import (  # noqa: F401 - re-exported: callers import the vocabulary from here too
     Action, Aggregated, Author, Discard, Event, Fetch, Fetched, Observation, PayloadId, Phase, PublishCommit,
     PublishJoin, PublishLeave, PublishProposal, PublishTimeout, PublishVote, RoundDone, StartAggregate, StartSync, StartTraining,
-    StopTraining, Synced, Trained,
+    StopTraining, Synced, Trained, Withheld,
 )
 
 # --- the machine -----------------------------------------------------------------------------------
@@ -295,6 +295,20 @@ class RoundMachine(Replaying, Attempts, Proposing):
         work.chosen = work.following = None
         return self._propose_or_follow(now)
 
+    def _withheld(self, done: Withheld) -> list[Action]:
+        """Sharded exchange: the set we aggregate names a payload nobody serves whole. Give that
+        proposal up (`_abandon`), and leave the payload out of our own set; when replaying a
+        round certified without us, sync instead."""
+        work, seen = self.current, self.last
+        if work.replay:
+            self.phase, self.current = Phase.SYNC, RoundState(seen.certified, seen.now)
+            return [Discard(work.number), StartSync(seen.certified, seen.certified_hash)]
+        work.fetched.discard(done.author)
+        work.failed.add(done.author)
+        work.failures[done.author] = max(ABANDON_AFTER, work.failures.get(done.author, 0))
+        self.phase = Phase.PROPOSE
+        return self._abandon(done.now)
+
     def _aggregated(self, done: Aggregated) -> list[Action]:
         seen = self.last
         if seen is not None and seen.certified == done.round:
@@ -458,6 +472,7 @@ TRANSITIONS: dict[tuple[Phase, type], Transition] = {
     (_P.VOTED, Fetched): _to(RoundMachine._fetched, _P.VOTED),
     (_P.REPLAY, Fetched): _to(RoundMachine._replay_fetched, _P.REPLAY, _P.AGGREGATE, _P.SYNC),
     (_P.AGGREGATE, Aggregated): _to(RoundMachine._aggregated, _P.VOTED, _P.IDLE, _P.TRAIN, _P.SYNC),
+    (_P.AGGREGATE, Withheld): _to(RoundMachine._withheld, _P.PROPOSE, _P.AGGREGATE, _P.SYNC),
     (_P.SYNC, Synced): _to(RoundMachine._synced, _P.SYNC, _P.IDLE, _P.TRAIN),
 }
 # Completions of work the machine stopped waiting for (the training of a round being replayed or

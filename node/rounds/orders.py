@@ -1,5 +1,6 @@
 """Who does what in a round, drawn alike on every peer: the proposer order, the state stewards,
-and the round a join names. Pure functions of the round, its attempt and a seed no key could know
+and the round a join names (the committees of sharded exchange are drawn in
+`node/exchange/committees.py`). Pure functions of the round, its attempt and a seed no key could know
 when it was made (the hash certified before the round). The scoring committee, which the run
 state itself must know, is drawn by the same `drawn_order` in crdt/scores.py."""
 
@@ -32,18 +33,3 @@ def proposer_order(round_number: int, seed: bytes, candidates: set[Author] | fro
     in a round of its choosing), so it changes every round and every attempt."""
     return drawn_order(b"locomesh proposer", round_number, seed, attempt, candidates)
 
-
-def shard_committees(round_number: int, seed: bytes, electorate: set[Author] | frozenset[Author], shards: int,
-                     size: int) -> list[list[Author]]:
-    """Who aggregates each of `shards` shards in sharded exchange: `size` distinct members each
-    (fewer only if the electorate is smaller), taken in turn from one order drawn like the
-    proposers', so every member aggregates shards × size / members of them, give or take one.
-    `seed` must be fixed only after the round's contributions are (the certified hash before the
-    round and the followed proposal's op ID): a key or a commit cannot be made to land on a
-    committee of its choosing. Each committee is a uniformly drawn set of `size` members, which
-    is what `node/sharded/plan.py`'s bound assumes."""
-    if shards < 1 or size < 1:
-        raise ValueError("shards and committee size must be positive")
-    order = drawn_order(b"locomesh committee", round_number, seed, 0, electorate)
-    size = min(size, len(order))
-    return [[order[(shard * size + j) % len(order)] for j in range(size)] for shard in range(shards)]

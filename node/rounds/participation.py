@@ -9,8 +9,8 @@ else:
   of its own instead (`_training`): once round r's payload is made, round r+1's inner steps start
   at once, from `Participant.delayed_start` (a `TrainingAhead`), while round r is exchanged, aggregated
   and certified; when the machine then starts round r+1, its payload is (nearly) ready;
-- payloads travel as content-addressed checkpoints, the others' held in memory (`payloads`);
-  commits, proposals, votes,
+- each round's exchange (allgather or sharded, node/exchange/) stores our payload, checks the
+  others' and gathers what the outer step needs (`exchange`); commits, proposals, votes,
   timeouts and checkpoint attestations are CRDT ops (`CrdtService.write`);
 - the round's state stewards store each new state, every voter attests it, and a sync loads the
   certified one (`states`);
@@ -33,8 +33,6 @@ import trio
 
 from locomesh.crdt import Replica
 from locomesh.crdt.electorate import split_votes
-from locomesh.crdt.evidence import ban_reason
-from locomesh.crdt.scores import accepted_counts, scores_json
 from locomesh.protocol import peer_id_from_public_key
 from locomesh.protocol.runs import short_run_id
 from locomesh.training.contract import RoundParticipant
@@ -44,11 +42,14 @@ from locomesh.node.datasets.service import RunData
 from locomesh.node.files import atomic_write
 from locomesh.node.rounds import machine as rm
 from locomesh.node.rounds.meeting import catch_up
-from locomesh.node.rounds.payloads import PayloadExchange
+from locomesh.node.exchange.allgather import PayloadExchange
+from locomesh.node.exchange.seam import RoundExchange
+from locomesh.node.exchange.shard_transfer import ShardHoldings
+from locomesh.node.exchange.sharded import ProposalWithheld, ShardedExchange
 from locomesh.node.rounds.scoring import RoundScorer
 from locomesh.node.rounds.states import StateKeeper
-from locomesh.node.rounds.status import round_clock, waiting_on
-from locomesh.node.transfer.download import DownloadProgress, Offload
+from locomesh.node.rounds.status import participation_status, round_clock, waiting_on
+from locomesh.node.transfer.download import Offload
 from locomesh.node.transfer.held import HeldCheckpoints
 from locomesh.node.rounds.work import RoundRecord, RoundWork, TrainingAhead
 from locomesh.node.peer_scores import PeerScores
@@ -71,11 +72,12 @@ class RunParticipation:
     def __init__(self, node: Node, crdt: CrdtService, replica: Replica, participant: RoundParticipant,
                  checkpoint_dir: Path, scores: PeerScores, *, timing: rm.Timing, compute: Compute = trio.to_thread.run_sync,
                  offload: Offload = trio.to_thread.run_sync, held: HeldCheckpoints | None = None,
-                 archive: bool = False, data: RunData | None = None) -> None:
+                 archive: bool = False, data: RunData | None = None, shards: ShardHoldings | None = None) -> None:
         """`held`: where fetched payloads are kept, the checkpoint service's (`CheckpointService.held`)
         so that it serves them on; without it they are kept apart and served by nobody. `archive`:
         keep every payload of every round in the store too (`payloads`). `data`: the run's dataset
-        shards, for a run that trains on one (node/datasets/)."""
+        shards, for a run that trains on one (node/datasets/). `shards`: what the node's shard
+        service serves (sharded exchange); without it, kept apart and served by nobody."""
         self.node = node
         self.crdt = crdt
         self.replica = replica
@@ -108,9 +110,14 @@ class RunParticipation:
         self._news: trio.CancelScope | None = None
         self._nursery: trio.Nursery | None = None
         held = held if held is not None else HeldCheckpoints()
-        self.payloads = PayloadExchange(node, replica, participant, checkpoint_dir, held, scores, machine=self.machine,
-                                        offload=offload, connected=self._connected, other_members=self._other_members,
-                                        archive=archive)
+        allgather = PayloadExchange(node, replica, participant, checkpoint_dir, held, scores, machine=self.machine,
+                                    offload=offload, connected=self._connected, other_members=self._other_members,
+                                    archive=archive)
+        sharded = ShardedExchange(node, crdt, replica, participant, checkpoint_dir, shards or ShardHoldings(), scores,
+                                  compute=compute, compute_lock=self._compute, offload=offload,
+                                  machine=self.machine,
+                                  seed=lambda round_number: self.states.seed(round_number))
+        self.exchange = RoundExchange(replica, participant, allgather, sharded)
         self.states = StateKeeper(node, crdt, replica, participant, checkpoint_dir, scores, compute=compute,
                                   compute_lock=self._compute, offload=offload, other_members=self._other_members,
                                   archive=archive)
@@ -130,7 +137,7 @@ class RunParticipation:
             logger.error("run %s: training stopped: %s", short_run_id(self.run_id), self.failure)
         finally:
             self.replica.listeners.remove(self._on_news)
-            self.payloads.release_before(None)
+            self.exchange.release_before(None)
 
     async def _loop(self) -> None:
         async with trio.open_nursery() as nursery:
@@ -153,7 +160,7 @@ class RunParticipation:
 
     def _stop_if_banned(self, nursery: trio.Nursery) -> bool:
         """Once the run bans our key nothing we write counts: stop all work (phase "banned")."""
-        self.banned = self.banned or ban_reason(self.replica.facts, self.me)
+        self.banned = self.banned or self.replica.ban_reason(self.me)
         if self.banned is not None:
             logger.warning("run %s: training stopped: this node's key is banned (%s)", short_run_id(self.run_id),
                            self.banned)
@@ -205,40 +212,8 @@ class RunParticipation:
         return self._peer_id(author) in self.node.peers
 
     def status(self) -> dict[str, Any]:
-        state = self.replica.state
-        next_round = state.round + 1
-        return {
-            "next_round": {
-                "round": next_round,
-                "electorate": len(self.replica.electorate(next_round)),
-                "commits": len(self.replica.commits(next_round)),
-                "proposals": len(self.replica.proposals(next_round)),
-                "votes": sorted(h.hex()[:12] for h in self.replica.votes(next_round).values()),
-                "contributors": None if self.work is None else len(self.work.payloads),
-            },
-            "run_id": short_run_id(self.run_id),
-            "phase": self.status_phase(),
-            "sitting_out": self.sitting_out(),
-            "attempt": len(self.replica.attempts(next_round)) - 1,
-            "waiting": self._waiting(),
-            "error": self.failure,
-            "banned": self.banned is not None,
-            "ban_reason": self.banned,
-            "round": self.machine.state_round,
-            "certified": state.round,
-            "members": len(state.members),
-            "peers": len(self.node.host.get_connected_peers()),
-            "state_hash": (self.machine.state_hash or b"").hex(),
-            "params": self.participant.outer.numel,
-            "inner_steps": self.participant.settings.inner_steps,
-            "payloads_sent": self.payloads_sent,
-            "initial_eval_loss": self.initial_eval.get("loss"),
-            "history": [record.to_json() for record in self.history],
-            "scores": scores_json(self.replica.facts, state),  # member -> its recent contribution scores
-            # member -> how many of the newest certified rounds accepted its contribution
-            "contributions": {author.hex(): count for author, count in accepted_counts(state).items()},
-            "data": None if self.data is None else self.data.status(),
-        }
+        """What `run status` shows of this participation (`status.participation_status`)."""
+        return participation_status(self)
 
     def status_phase(self) -> str:
         """The machine's phase, or what stopped the participation, or that it sits rounds out."""
@@ -276,7 +251,7 @@ class RunParticipation:
         for action in actions:
             match action:
                 case rm.StartTraining(round=r):
-                    self.work = RoundWork(r, trio.current_time())
+                    self.work = RoundWork(r, trio.current_time(), exchange=self.exchange.choose(r))
                     self._start(self.work.tasks, self._train, self.work)
                 case rm.PublishCommit(round=r, payload_id=payload_id, size=size):
                     self.crdt.write(self.run_id, "commit", round=r, hash=payload_id, size=size)
@@ -347,7 +322,7 @@ class RunParticipation:
     # --- the work -----------------------------------------------------------------------------
 
     async def _train(self, work: RoundWork) -> None:
-        contribution = await self.payloads.committed_before(work.round)
+        contribution = await self.exchange.committed_before(work)
         if contribution is not None:
             self._cancel_ahead()
         elif self.delayed:
@@ -355,19 +330,18 @@ class RunParticipation:
         else:
             data = await self._round_data(work.round)
             async with self._training:
-                contribution = await self.compute(self.participant.train, work.stop_training.is_set, None, data)
-        manifest = await self.offload(self.payloads.store, work.round, contribution.payload)
-        work.payload_id, work.payload_size = manifest.id, len(contribution.payload)
+                contribution = await self.compute(self.participant.train, *self._train_args(work, None, data))
+        work.payload_id, work.payload_size = await self.exchange.store(work, contribution.payload)
         work.train_loss, work.train_seconds = contribution.train_loss, contribution.seconds
         work.payloads[self.me] = contribution.payload
         self.payloads_sent += 1
-        self._emit(rm.Trained(work.round, manifest.id, len(contribution.payload), contribution.seconds, trio.current_time()))
+        self._emit(rm.Trained(work.round, work.payload_id, work.payload_size, contribution.seconds, trio.current_time()))
 
     async def _train_delayed(self, work: RoundWork) -> Any:
         """This round's contribution, trained ahead if it was (else now, from θ); then the next
         round's inner steps start, from θ moved by this contribution (`Participant.delayed_start`)."""
         ahead = self._ahead
-        if ahead is not None and ahead.round == work.round:
+        if ahead is not None and ahead.round == work.round and (ahead.exchange == "sharded") == work.sharded:
             await ahead.done.wait()
             contribution = ahead.contribution
             work.trained_ahead = contribution is not None
@@ -377,10 +351,10 @@ class RunParticipation:
         if contribution is None:
             data = await self._round_data(work.round)
             async with self._training:
-                contribution = await self.compute(self.participant.train, work.stop_training.is_set, None, data)
+                contribution = await self.compute(self.participant.train, *self._train_args(work, None, data))
         async with self._compute:  # θ is the state this round's aggregate will land on until that runs
             start = await self.compute(self.participant.delayed_start, contribution)
-        self._ahead = TrainingAhead(work.round + 1)
+        self._ahead = TrainingAhead(work.round + 1, exchange=self.exchange.predict(work.round + 1))
         self._start(self._ahead.scopes, self._train_ahead, self._ahead, start)
         return contribution
 
@@ -388,9 +362,16 @@ class RunParticipation:
         try:
             data = await self._round_data(ahead.round)
             async with self._training:
-                ahead.contribution = await self.compute(self.participant.train, ahead.stop.is_set, start, data)
+                ahead.contribution = await self.compute(self.participant.train, ahead.stop.is_set, start, data,
+                                                        *((True,) if ahead.exchange == "sharded" else ()))
         finally:
             ahead.done.set()
+
+    @staticmethod
+    def _train_args(work: RoundWork, start: Any, data: Any) -> tuple[Any, ...]:
+        """`Participant.train`'s arguments for `work`'s round: a sharded round's payload is cut
+        at shard boundaries (`sharded=True`)."""
+        return (work.stop_training.is_set, start, data, *((True,) if work.sharded else ()))
 
     async def _round_data(self, round_number: int) -> Any:
         """The tokens of the shards round `round_number` assigns us (None for a run without a
@@ -410,39 +391,44 @@ class RunParticipation:
             self._ahead = None
 
     async def _fetch(self, work: RoundWork, author: bytes, payload_id: bytes, size: int) -> None:
-        """Fetch one payload (`PayloadExchange.fetch`) and tell the machine how it went."""
+        """Check that one committed payload is there (`RoundExchange.fetch`) and tell the machine."""
         started = trio.current_time()
-        progress = DownloadProgress(payload_id)
-        try:
-            payload = await self.payloads.fetch(work.round, author, payload_id, size, progress)
-        finally:
-            work.bytes_fetched += progress.bytes_fetched
-        if payload is not None:
-            work.payloads[author] = payload
+        there = await self.exchange.fetch(work, author, payload_id, size)
+        if there:
             work.arrived[author] = trio.current_time()
         logger.debug("round %d: payload of %s %s after %.2f s", work.round, self._peer_id(author),
-                     "fetched" if payload is not None else "not fetched", trio.current_time() - started)
-        self._emit(rm.Fetched(work.round, author, payload is not None, trio.current_time()))
+                     "fetched" if there else "not fetched", trio.current_time() - started)
+        self._emit(rm.Fetched(work.round, author, there, trio.current_time()))
 
     async def _aggregate(self, work: RoundWork, authors: tuple[bytes, ...], last_commit: float) -> None:
         """The outer step and the vote; then, off the critical path, the state checkpoint. The
         vote names the new state's hash, computed in memory; compressing and storing the state
         runs while the next round trains (a snapshot of the state: the outer step never writes
         into arrays it handed out)."""
-        payloads = {author: work.payloads[author] for author in authors if author in work.payloads}
+        async with self._compute:  # the state this set's step starts from (sharded seats aggregate on it)
+            if work.before is None:
+                work.before = self.participant.snapshot()
+            else:  # voting again after a split: this set's step starts from the round's state too
+                self.participant.adopt(work.before.tensors, work.before.round)
+        try:
+            gathered = await self.exchange.gather(work, authors, electorate=self.replica.electorate(work.round))
+        except ProposalWithheld as withheld:
+            logger.warning("round %d: the set cannot be aggregated: %s", work.round, withheld)
+            self._emit(rm.Withheld(work.round, withheld.author, trio.current_time()))
+            return
+        except ValueError as error:  # a shard with no valid contribution: nothing to apply
+            logger.warning("round %d: no aggregate: %s", work.round, error)
+            self._emit(rm.Aggregated(work.round, None, trio.current_time()))
+            return
         arrivals = [work.arrived[author] for author in authors if author in work.arrived]
         work.fetch_seconds = max(0.0, max(arrivals, default=last_commit) - last_commit)
         state_hash = snapshot = None
         async with self._compute:
             try:
-                if self.scoring.enabled:  # θ before this step: what the round's contributions are scored on
+                if self.scoring.enabled and not work.sharded:  # θ before this step: what the round's contributions are scored on
                     work.scoring_base, work.aggregated = self.participant.scoring_base(), authors
                 started = trio.current_time()
-                if work.before is None:
-                    work.before = self.participant.snapshot()
-                else:  # voting again after a split: this set's step starts from the round's state too
-                    self.participant.adopt(work.before.tensors, work.before.round)
-                await self.compute(self.participant.aggregate, payloads)
+                await self.exchange.apply(work, gathered, self.compute)
                 work.aggregate_seconds = trio.current_time() - started
                 work.exchange_seconds = trio.current_time() - last_commit
                 state_hash = await self.compute(self.participant.state_hash)
@@ -467,7 +453,7 @@ class RunParticipation:
             async with self._compute:
                 evaluation = await self.compute(self.participant.evaluate)
         self.history.append(RoundRecord.of(done, work, evaluation, now))
-        self.payloads.release_before(done.round)  # the round just done's stay a round, for peers replaying it
+        self.exchange.release_before(done.round)  # the round just done's stay a round, for peers replaying it
         await self.offload(self.states.forget_old_rounds, done.round)
 
     async def export(self, directory: Path) -> dict[str, Any]:

@@ -57,6 +57,7 @@ from locomesh.node.rounds.machine import Timing, first_round_to_join
 from locomesh.node.rounds.meeting import meet_participants
 from locomesh.node.rounds.history import RoundHistory, clear_left, left_after, mark_left, read_history
 from locomesh.node.rounds.participation import HISTORY, Compute, RunParticipation
+from locomesh.node.exchange.shard_transfer import ShardHoldings, ShardService
 from locomesh.node.rounds.status import members_by_peer_id
 from locomesh.node.rounds.pauses import PausedRuns
 from locomesh.node.runs.registry import BAD_RUN, RUN_NOT_FOUND, RunRegistryService
@@ -92,6 +93,7 @@ class RoundService:
         participant_factory: ParticipantFactory | None = None,
         compute: Compute = trio.to_thread.run_sync,
         offload: Offload = trio.to_thread.run_sync,
+        shard_service: type[ShardService] = ShardService,
     ) -> None:
         """`participant_factory(manifest body, our public key, attack)` and `compute` exist for the
         simulator, which models training time instead of spending it, as does `offload` (how blocking
@@ -114,6 +116,8 @@ class RoundService:
         self.checkpoints = checkpoints
         self.attack = attack or None
         self.participations: dict[bytes, tuple[RunParticipation, trio.CancelScope]] = {}
+        self.shards = ShardHoldings()  # what sharded exchange serves, for every run (node/exchange/)
+        self.shard_service = shard_service
         self.paused: PausedRuns | None = None  # the data dir's, once running
         self._left: dict[bytes, tuple[int, RoundHistory]] = {}  # runs left since start: last round, rounds done
         self._node: Node | None = None
@@ -127,6 +131,10 @@ class RoundService:
                              ("run.resume", self._rpc_resume)):
             node.rpc.register(name, method)
         node.add_status_field("training", self._summary)
+        shard_service = self.shard_service(node, self.shards, slots=self.checkpoints.uploads, scores=self.checkpoints.scores)
+        shard_service.register()
+        node.add_status_field("shards", lambda: {"bytes_served": shard_service.bytes_served,
+                                                 "bytes_held": self.shards.bytes_held})
         if self.schedule is not None:
             node.add_status_field("schedule", self.schedule.describe)
         relay = next((service for service in node.services if service.name == "relay"), None)
@@ -184,7 +192,7 @@ class RoundService:
         participation = RunParticipation(
             self._node, self.crdt, replica, participant, self.checkpoints.directory, self.checkpoints.scores,
             timing=timing, compute=self.compute, offload=self.offload, held=self.checkpoints.held,
-            archive=self.archive, data=data,
+            archive=self.archive, data=data, shards=self.shards,
         )
         participation.paused = replica.run_id in self.paused
         participation.resuming = resuming

@@ -6,7 +6,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from locomesh.crdt.scores import accepted_counts, scores_json
 from locomesh.protocol import peer_id_from_public_key
+from locomesh.protocol.runs import short_run_id
 from locomesh.node.rounds.events import Author, Phase
 from locomesh.node.rounds.machine import RoundMachine
 
@@ -84,3 +86,42 @@ def members_by_peer_id(members: Iterable[Author], me: Author, connected: Callabl
         rows.append({"peer_id": peer_id, "key": member.hex(), "you": member == me,
                      "connected": member != me and connected(peer_id)})
     return sorted(rows, key=lambda row: row["peer_id"])
+
+
+def participation_status(p: Any) -> dict[str, Any]:
+    """What `run status` shows of a `RunParticipation`."""
+    state = p.replica.state
+    next_round = state.round + 1
+    return {
+        "next_round": {
+            "round": next_round,
+            "electorate": len(p.replica.electorate(next_round)),
+            "commits": len(p.replica.commits(next_round)),
+            "proposals": len(p.replica.proposals(next_round)),
+            "votes": sorted(h.hex()[:12] for h in p.replica.votes(next_round).values()),
+            "contributors": None if p.work is None else len(set(p.work.arrived) | set(p.work.payloads)),
+        },
+        "run_id": short_run_id(p.run_id),
+        "phase": p.status_phase(),
+        "sitting_out": p.sitting_out(),
+        "attempt": len(p.replica.attempts(next_round)) - 1,
+        "waiting": p._waiting(),
+        "exchange": None if p.exchange.last_choice is None else p.exchange.last_choice.to_json(),
+        "error": p.failure,
+        "banned": p.banned is not None,
+        "ban_reason": p.banned,
+        "round": p.machine.state_round,
+        "certified": state.round,
+        "members": len(state.members),
+        "peers": len(p.node.host.get_connected_peers()),
+        "state_hash": (p.machine.state_hash or b"").hex(),
+        "params": p.participant.outer.numel,
+        "inner_steps": p.participant.settings.inner_steps,
+        "payloads_sent": p.payloads_sent,
+        "initial_eval_loss": p.initial_eval.get("loss"),
+        "history": [record.to_json() for record in p.history],
+        "scores": scores_json(p.replica.facts, state),  # member -> its recent contribution scores
+        # member -> how many of the newest certified rounds accepted its contribution
+        "contributions": {author.hex(): count for author, count in accepted_counts(state).items()},
+        "data": None if p.data is None else p.data.status(),
+    }

@@ -39,6 +39,7 @@ class RoundRecord:
     aggregate_seconds: float | None  # the outer step alone (decode, validate, aggregate, Nesterov)
     finished_at: float
     trained_ahead: bool = False  # our payload was trained while the round before was exchanged (delayed updates)
+    exchange: dict[str, Any] | None = None  # which exchange the round used, and why (`ExchangeChoice.to_json`)
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -61,6 +62,7 @@ class RoundRecord:
             fetch_seconds=None if mine is None else mine.fetch_seconds,
             aggregate_seconds=None if mine is None else mine.aggregate_seconds, finished_at=time.time(),
             trained_ahead=mine is not None and mine.trained_ahead,
+            exchange=None if this_round is None or this_round.exchange is None else this_round.exchange.to_json(),
         )
 
 
@@ -82,6 +84,7 @@ class RoundWork:
     fetch_seconds: float | None = None
     aggregate_seconds: float | None = None
     trained_ahead: bool = False
+    exchange: Any = None  # the round's `ExchangeChoice` (node/exchange/mode.py)
     # With contribution scoring on: θ before the round's outer step, and the set aggregated on it.
     scoring_base: Any = None
     aggregated: tuple[bytes, ...] = ()
@@ -93,6 +96,11 @@ class RoundWork:
     # Set to stop the inner steps at the next step: a cancelled thread cannot be interrupted, and
     # the compute lock it holds would keep a replay (or a sync's load) waiting for all H steps.
     stop_training: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def sharded(self) -> bool:
+        """Does the round use sharded exchange (node/exchange/)?"""
+        return self.exchange is not None and self.exchange.mode == "sharded"
 
     def cancel(self, *, fetches_only: bool = False, training_only: bool = False) -> None:
         """Cancel the fetches, or the tasks (training; aggregation only once it runs), or both."""
@@ -107,6 +115,7 @@ class TrainingAhead:
     """Inner steps of a round, started before the machine starts that round (delayed updates)."""
 
     round: int
+    exchange: str = "allgather"  # the exchange its payload is encoded for
     stop: threading.Event = field(default_factory=threading.Event)
     done: trio.Event = field(default_factory=trio.Event)
     contribution: Any = None  # set once training finished (None if it was cancelled)

@@ -6,7 +6,7 @@ is honest, the committee disagrees and the shard is recomputed; so a wrong resul
 when the whole committee is Byzantine, and then only if no honest peer happens to recompute that
 shard (each recomputes `verified` shards of its own choice, drawn from private randomness after
 the results are out, so no attacker knows which). With n members of which f are Byzantine, S
-shards, committees of k drawn uniformly (`orders.shard_committees`) and h = n − f honest
+shards, committees of k drawn uniformly (`shard_committees` below) and h = n − f honest
 verifiers, the chance that some shard's wrong result survives is at most
 
     S · C(f, k) / C(n, k) · (1 − v / S)^h
@@ -14,14 +14,18 @@ verifiers, the chance that some shard's wrong result survives is at most
 (a union bound over shards; the hypergeometric term is the chance a committee is all Byzantine).
 What it costs a peer, in payloads fetched per round: k for the committee seats it holds (S·k/n
 shards, each a 1/S slice of n payloads) and v·n/S for its checks; `plan` takes the cheapest
-(k, v) under the target. The README's "Sharded exchange" section gives the table for f just
-under n/3.
+(k, v) under the target. The README's "Sharded exchange" section gives the table. Who sits on
+which committee is drawn by `shard_committees`, alike on every peer.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from math import comb
+
+from locomesh.crdt.electorate import drawn_order
+
+Author = bytes
 
 DEFAULT_TARGET = 1e-6
 MAX_COMMITTEE = 64
@@ -97,3 +101,19 @@ def _fewest_checks(members: int, f: int, shards: int, k: int, target: float) -> 
         else:
             low = middle + 1
     return low
+
+
+def shard_committees(round_number: int, seed: bytes, electorate: set[Author] | frozenset[Author], shards: int,
+                     size: int) -> list[list[Author]]:
+    """Who aggregates each of `shards` shards in sharded exchange: `size` distinct members each
+    (fewer only if the electorate is smaller), taken in turn from one order drawn like the
+    proposers', so every member aggregates shards × size / members of them, give or take one.
+    `seed` must be fixed only after the round's contributions are (the certified hash before the
+    round and the followed proposal's op ID): a key or a commit cannot be made to land on a
+    committee of its choosing. Each committee is a uniformly drawn set of `size` members, which
+    is what `this module's bound assumes."""
+    if shards < 1 or size < 1:
+        raise ValueError("shards and committee size must be positive")
+    order = drawn_order(b"locomesh committee", round_number, seed, 0, electorate)
+    size = min(size, len(order))
+    return [[order[(shard * size + j) % len(order)] for j in range(size)] for shard in range(shards)]

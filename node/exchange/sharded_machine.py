@@ -4,7 +4,7 @@ Theory of operation
 -------------------
 The round machine (`node/rounds/machine.py`) picks the round's contributions: the authors of the
 followed proposal. In sharded exchange the vector is cut into S shards (`training/shards.py`),
-each with a committee drawn once the proposal is out (`orders.shard_committees`), and every peer
+each with a committee drawn once the proposal is out (`committees.shard_committees`), and every peer
 needs every shard's aggregate to take the outer step. For each shard this peer is in one of three
 roles:
 
@@ -13,13 +13,14 @@ roles:
   (bit-exact, so every honest member gets the same bits) and publishes the hash of the result (a
   signed op);
 - a *check*: one of the shards it recomputes though it is not on the committee, drawn from its own
-  private randomness once the proposal is out (`node/sharded/plan.py` says how many: together
+  private randomness once the proposal is out (`committees.plan` says how many: together
   with the committee size they bound the chance that a wrong result stands);
 - any other shard: it waits for the committee's signed hashes. When every member signed the same
   hash it fetches the values from them and checks them against it. When two members signed
   different hashes (one of them lies), when the committee is still incomplete at the result
-  deadline (a member crashed, stalls or withholds), or when no member delivers the values, it
-  recomputes the shard itself, as for a check: no round waits on one peer.
+  deadline (a member crashed, stalls or withholds), when no member delivers the values, or when a
+  member of the electorate disputes a signed result (`Disputed`: it recomputed the shard and found
+  it wrong), it recomputes the shard itself, as for a check: no round waits on one peer.
 
 Every shard computed here is compared with every committee member's signed hash as the hashes
 arrive, before and after: a member whose hash differs from the exact recomputation is accused
@@ -114,11 +115,21 @@ class ResultFetched:
 
 
 @dataclass(frozen=True)
+class Disputed:
+    """A member of the electorate recomputed `shard` and says a signed result of it is wrong: our
+    own copy must not rest on the committee's word (a committee that is all Byzantine signs one
+    wrong hash, and only a recomputation shows it)."""
+
+    shard: int
+    now: float
+
+
+@dataclass(frozen=True)
 class Tick:
     now: float
 
 
-Event = Union[InputFetched, ShardComputed, ResultSigned, ResultFetched, Tick]
+Event = Union[InputFetched, ShardComputed, ResultSigned, ResultFetched, Disputed, Tick]
 
 
 # --- actions -------------------------------------------------------------------------------------------
@@ -199,7 +210,7 @@ class ShardedAggregation:
     def __init__(self, me: Author, authors: Iterable[Author], committees: Sequence[Sequence[Author]],
                  checks: Iterable[int], *, now: float, result_wait: float) -> None:
         """`authors`: the followed proposal's; `committees[s]`: shard s's members
-        (`orders.shard_committees`); `checks`: the shards this peer recomputes by its own draw;
+        (`committees.shard_committees`); `checks`: the shards this peer recomputes by its own draw;
         `result_wait`: seconds from now until an incomplete committee's shard is recomputed."""
         self.me = me
         self.authors = frozenset(authors)
@@ -309,6 +320,12 @@ class ShardedAggregation:
             raise ImpossibleEvent(f"shard {shard.index}: a result fetch completed that was never asked for")
         return []
 
+    def _disputed(self, shard: Shard, event: Disputed) -> list[Action]:
+        """Recompute a shard whose values would come (or came) from the committee's word."""
+        if shard.computed is not None or shard.phase in (ShardPhase.INPUTS, ShardPhase.COMPUTE):
+            return []  # computed here, or being computed: the dispute changes nothing for us
+        return self._recompute(shard, ShardPhase.INPUTS)
+
     def _nothing(self, shard: Shard, event: Event) -> list[Action]:
         return []
 
@@ -374,6 +391,7 @@ TRANSITIONS: dict[tuple[ShardPhase, type], Transition] = {
     (_S.RESULT, Tick): _to(ShardedAggregation._nothing, _S.RESULT),
     (_S.SETTLED, ResultSigned): _to(ShardedAggregation._signed, _S.SETTLED),
     (_S.SETTLED, Tick): _to(ShardedAggregation._nothing, _S.SETTLED),
+    **{(phase, Disputed): _to(ShardedAggregation._disputed, phase, _S.INPUTS, _S.COMPUTE) for phase in _S},
     **{(phase, ResultFetched): _to(ShardedAggregation._overtaken_result, phase)
        for phase in (_S.INPUTS, _S.COMPUTE, _S.SETTLED)},
 }

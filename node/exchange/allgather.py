@@ -63,9 +63,11 @@ class PayloadExchange:
         self.archive = archive
         self.me = node.identity.public_key
 
-    def store(self, round_number: int, payload: bytes) -> Any:
-        """Write our payload for `round_number` to the store (blocking: run it offloaded); its manifest."""
-        return write_payload(self.directory, payload, self.run_id, round_number)
+    async def store(self, round_number: int, payload: bytes) -> tuple[bytes, int]:
+        """Write our payload for `round_number` to the store, where the checkpoint service serves
+        it; (its ID, its size), what our commit names."""
+        manifest = await self.offload(write_payload, self.directory, payload, self.run_id, round_number)
+        return manifest.id, len(payload)
 
     async def committed_before(self, round_number: int) -> Any:
         """The payload we committed to for this round before a restart, from our store: a second,
