@@ -72,6 +72,22 @@ async def test_a_backlog_reaches_a_newcomer_by_anti_entropy(nursery, identity_fa
     await _backlog_reaches_a_newcomer(nursery, identity_factory, 1_000)
 
 
+async def test_applying_ops_does_not_derive_the_state_per_op(nursery, identity_factory, monkeypatch):
+    """The service watches every op for a ban of its own key; deriving the run state for that
+    after each op made a 10k-op backlog quadratic. Bans by disputes are looked for when asked."""
+    from locomesh.crdt import replica as replica_module
+
+    derived = []
+    real_derive = replica_module.derive
+    monkeypatch.setattr(replica_module, "derive", lambda *args: derived.append(1) or real_derive(*args))
+    key = identity_factory(1)
+    _, service = await start_node(nursery, key)
+    replica = await service.open_run(sign_manifest(key, task="synthetic", created=1))
+    fill(service, replica.run_id, key, 300)
+    assert len(replica) == 300 and derived == []
+    assert service.ban_reason(replica.run_id) is None and len(derived) == 1
+
+
 @pytest.mark.slow
 async def test_ten_thousand_ops_reach_a_newcomer(nursery, identity_factory):
     await _backlog_reaches_a_newcomer(nursery, identity_factory, 10_000)

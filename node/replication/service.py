@@ -52,6 +52,7 @@ from libp2p.pubsub.pubsub import Pubsub
 from libp2p.tools.anyio_service import background_trio_service
 
 from locomesh.crdt import Genesis, Replica, evidence_fields
+from locomesh.crdt.evidence import ban_reason
 from locomesh.crdt.limits import earlier_statement
 from locomesh.crdt.scores import scores_json
 from locomesh.protocol import ProtocolError, decode, encode, peer_id_from_public_key, public_key_from_peer_id
@@ -249,7 +250,13 @@ class CrdtService:
         return False
 
     def ban_reason(self, run_id: bytes) -> str | None:
-        """Why this node's key is banned in `run_id`, or None if it is not (or the run is not replicated)."""
+        """Why this node's key is banned in `run_id`, or None if it is not (or the run is not replicated).
+
+        A ban by disputes needs the derived run state, so it is looked for here, when asked, and
+        not after every op (`_watch_ban`): deriving per op is quadratic in a backlog."""
+        replica = self.replicas.get(run_id)
+        if run_id not in self._bans and replica is not None and self._node is not None:
+            self._note_ban(replica, replica.ban_reason(self._node.identity.public_key))
         return self._bans.get(run_id)
 
     # --- gossip -----------------------------------------------------------------------------
@@ -445,19 +452,23 @@ class CrdtService:
                 logger.error("%s: cannot sync: %s", log.path, error)
 
     def _watch_ban(self, replica: Replica) -> None:
-        """Log a ban of our own key in `replica`'s run once, and remember its reason (`ban_reason`)."""
+        """Note a self-verifying ban of our own key in `replica`'s run as soon as an op brings it
+        (facts only: cheap per op; `ban_reason` adds bans by disputes)."""
         me = self._node.identity.public_key
 
         def check() -> None:
             if replica.run_id not in self._bans:
-                reason = replica.ban_reason(me)
-                if reason is not None:
-                    self._bans[replica.run_id] = reason
-                    logger.warning("run %s: this node's key is banned: %s. It can take no further part in this run "
-                                   "(a new data dir gives a new key)", short_run_id(replica.run_id), reason)
+                self._note_ban(replica, ban_reason(replica.facts, me))
 
         check()
         replica.listeners.append(check)
+
+    def _note_ban(self, replica: Replica, reason: str | None) -> None:
+        """Remember (and log, once) why our own key is banned in `replica`'s run."""
+        if reason is not None and replica.run_id not in self._bans:
+            self._bans[replica.run_id] = reason
+            logger.warning("run %s: this node's key is banned: %s. It can take no further part in this run "
+                           "(a new data dir gives a new key)", short_run_id(replica.run_id), reason)
 
 
 def _take_batch(queued: list[bytes]) -> list[bytes]:
