@@ -59,7 +59,8 @@ def test_a_committee_member_that_signs_wrong_results_is_banned_and_the_right_agg
     assert report["hashes"][liar] not in honest.values()  # it took its own wrong step, then was banned
     contributions = {row[0]: row[2] for row in report["tables"][2]["rows"]}
     assert contributions[liar] < 3  # banned: no certified set holds its payload after the ban
-    assert all(r["nodes done"] >= 7 for r in _rounds(report))
+    # every round certified; a member that synced late may sit one out (it commits after the cut)
+    assert all(r["nodes done"] >= 6 for r in _rounds(report))
 
 
 def test_members_that_withhold_their_shards_are_left_out_without_stalling_a_round():
@@ -90,3 +91,14 @@ def test_auto_keeps_allgather_at_four_members_in_the_daemon():
     report = train.run(nodes=4, seed=3, exchange="auto", **SMALL)
     assert {r["exchange"] for r in _rounds(report)} == {"allgather"}
     assert len(set(report["hashes"].values())) == 1
+
+
+def test_members_that_crash_after_their_commit_cost_no_round_its_deadline():
+    """Two of eight members die 0.2-1.2 s after their round-2 commit, part of their payloads
+    served. A proposal names only payloads each shard of which a member other than its author
+    holds (node/exchange/availability.py), so no round waits out its attempt deadline (600 s;
+    before that check, round 3 of this seed took 602 s)."""
+    report = train.run(nodes=8, seed=2, crashers=2, exchange="sharded", **SMALL)
+    rounds = _rounds(report)
+    assert len(rounds) == 3 and all(r["round time s"] < 60 for r in rounds[1:]), rounds
+    assert len(report["hashes"]) == 6 and len(set(report["hashes"].values())) == 1

@@ -65,6 +65,33 @@ def test_a_vanished_peer_costs_one_window_and_no_more():
     assert machine.handle(seen(cutoff, commits={A: (b"pa" * 16, 10)})) == [rm.PublishProposal(1, cut), rm.StartAggregate(1, cut, 10.1)]
 
 
+def test_our_set_waits_a_window_at_most_for_a_payload_not_yet_seen_at_its_committees():
+    """Sharded exchange: a fetched payload that no committee member is seen holding yet
+    (`Observation.unconfirmed`) would die with its author. Our proposal waits for it one window
+    past our turn's start, then goes without it; once confirmed it is named."""
+    commits = {A: (b"pa" * 16, 10), B: (b"pb" * 16, 11), ME: (b"p" * 32, 100)}
+
+    def waiting(now):
+        return rm.Observation(now, 0, None, frozenset((ME, A, B)), commits, unconfirmed=frozenset({B}))
+
+    def machine_with_both_fetched():
+        machine, _ = trained_machine(now=10.0, seconds=4.0)
+        machine.handle(waiting(10.1))
+        assert machine.handle(rm.Fetched(1, A, True, 10.2)) == []
+        assert machine.handle(rm.Fetched(1, B, True, 10.3)) == []  # B is fetched, not yet confirmed
+        return machine, machine.current.closed_at
+
+    machine, turn = machine_with_both_fetched()
+    assert machine.handle(waiting(turn + machine.window() - 0.01)) == []
+    without_b = tuple(sorted((ME, A)))
+    assert machine.handle(waiting(turn + machine.window())) == [rm.PublishProposal(1, without_b),
+                                                                 rm.StartAggregate(1, without_b, 10.1)]
+    machine, turn = machine_with_both_fetched()
+    everyone = tuple(sorted((ME, A, B)))
+    assert machine.handle(seen(turn + 0.2, commits=commits)) == [rm.PublishProposal(1, everyone),
+                                                                  rm.StartAggregate(1, everyone, 10.1)]
+
+
 def test_a_commit_after_the_cutoff_is_left_out_even_when_fetched():
     machine, _ = trained_machine(now=10.0)
     machine.handle(seen(10.5, commits={A: (b"pa" * 16, 10)}))

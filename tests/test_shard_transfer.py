@@ -13,8 +13,8 @@ from multiaddr import Multiaddr
 
 from locomesh.node.exchange import shard_transfer
 from locomesh.node.exchange.shard_transfer import (
-    REFUSED, SHARD_PROTOCOL, ShardFetchError, ShardHoldings, ShardRequest, ShardService, decode_answer,
-    fetch_input, fetch_result,
+    HELD, MAX_HELD_AUTHORS, REFUSED, SHARD_PROTOCOL, ShardFetchError, ShardHoldings, ShardRequest, ShardService,
+    decode_answer, fetch_held, fetch_input, fetch_result,
 )
 from locomesh.node.runtime import Node
 from locomesh.node.streams import read_frame, write_frame
@@ -73,6 +73,34 @@ async def test_an_input_shard_is_fetched_with_its_audit_path_and_checked(identit
                                     limit=4096)
     assert own == (mine.shards[3], mine.proof(3))
     assert relayed == (theirs.shards[2], theirs.proof(2))
+
+
+async def test_held_says_which_payloads_have_a_shard_here_without_sending_it(identity_factory):
+    """A `held` request names authors; the bitmap answer says whose shard `index` is held (a whole
+    payload of ours, or a shard fetched), and nothing else: no bytes of a shard, no upload slot."""
+    authors = [bytes([i]) * 32 for i in range(1, 12)]
+    theirs = payload(count=4, seed=2)
+    async with two_nodes(identity_factory, slots=UploadSlots(total=1, per_peer=1)) as (holder, asker, holdings, service):
+        holdings.hold_payload(RUN, ROUND, authors[0], payload(seed=1))
+        holdings.hold_shard(RUN, ROUND, authors[9], 2, theirs.shards[2], theirs.proof(2))
+        holdings.hold_shard(RUN, ROUND, authors[10], 1, theirs.shards[1], theirs.proof(1))
+        slot = service.slots.take(asker.peer_id)  # every upload slot taken: held needs none
+        held = await fetch_held(asker, holder.peer_id, RUN, ROUND, 2, authors)
+        other_round = await fetch_held(asker, holder.peer_id, RUN, ROUND + 1, 2, authors)
+        slot.release()
+    assert held == {authors[0], authors[9]} and other_round == set()
+    assert service.bytes_served == 2 * 2  # two bitmaps of 11 bits: no shard bytes
+
+
+async def test_a_held_request_naming_too_many_authors_is_refused_and_charged(identity_factory):
+    too_many = [i.to_bytes(32, "big") for i in range(MAX_HELD_AUTHORS + 1)]
+    frame = pack({"what": HELD, "run": RUN, "round": ROUND, "index": 0, "authors": too_many})
+    with pytest.raises(ValueError):
+        ShardRequest(HELD, RUN, ROUND, 0, authors=tuple(too_many)).encode()
+    async with two_nodes(identity_factory) as (holder, asker, _, _):
+        assert await ask_raw(asker, holder, frame) == REFUSED
+        assert await ask_raw(asker, holder, pack({"what": HELD, "run": RUN, "round": ROUND, "index": 0})) == REFUSED
+        assert sum(errors(holder).values()) == 2
 
 
 async def test_a_wrong_audit_path_or_a_shard_not_under_the_root_is_refused_before_it_is_returned(identity_factory):

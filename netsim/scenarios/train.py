@@ -97,6 +97,8 @@ class Config:
     withholding: int = option(0, "hostile members that commit to an update and never serve it")
     liars: int = option(0, "hostile members whose shard results are wrong (sharded exchange)")
     restarters: int = option(0, "honest members killed right after a commit and restarted on their data")
+    crashers: int = option(0, "honest members killed 0.2-1.2 s after their commit in round 2 (some shards served), "
+                              "for good")
     sybils: int = option(0, "extra hostile keys that join and vouch for a bogus checkpoint every round")
     bombers: int = option(0, "extra hostile keys that join and commit an oversized update every round")
     spammers: int = option(0, "extra hostile keys that join and flood the run's state past every limit")
@@ -235,7 +237,7 @@ class _Run(TrainReporting):
         config = self.config
         kinds = ["honest"] + ["byzantine"] * config.byzantine + ["withholding"] * config.withholding
         kinds += ["liar"] * config.liars
-        kinds += ["restarter"] * config.restarters + ["slow"] * config.slow
+        kinds += ["restarter"] * config.restarters + ["crasher"] * config.crashers + ["slow"] * config.slow
         if len(kinds) > config.nodes:
             raise ValueError("byzantine + withholding + slow must leave at least one honest node (node 0, the creator)")
         return kinds + ["honest"] * (config.nodes - len(kinds))
@@ -260,7 +262,7 @@ class _Run(TrainReporting):
             for kind in ["sybil"] * config.sybils + ["bomber"] * config.bombers + ["spammer"] * config.spammers:
                 nursery.start_soon(self._intrude, self._add_intruder(kind), creator)
             for member in self.members:
-                if member.kind == "restarter":
+                if member.kind in ("restarter", "crasher"):
                     nursery.start_soon(self._crash_after_commit, member, creator)
             if self.config.churn:
                 nursery.start_soon(self._churn, creator)
@@ -270,7 +272,7 @@ class _Run(TrainReporting):
     def _create_run(self, creator: _Member) -> None:
         config = self.config
         # A liar is banned once caught (node/exchange/sharded.py): the run goes on without it.
-        hparams = {**DEFAULT_HPARAMS, "min_peers": config.nodes - config.liars, "round_deadline_s": config.round_deadline_s,
+        hparams = {**DEFAULT_HPARAMS, "min_peers": config.nodes - config.liars - config.crashers, "round_deadline_s": config.round_deadline_s,
                    "inner_steps": config.inner_steps, "delayed_updates": config.delayed_updates,
                    "exchange": config.exchange, "byzantine_fraction": config.byzantine_fraction}
         self.manifest = sign_manifest(creator.node.identity, task="netsim", name="netsim train", seed=self.sim.seed,
@@ -289,13 +291,20 @@ class _Run(TrainReporting):
 
     async def _crash_after_commit(self, member: _Member, creator: _Member) -> None:
         """Kill a restarter (kill -9) right after its commit in round RESTART_ROUND, and start it
-        again RESTART_DELAY later on its data dir: fresh services, its ops and payloads on disk."""
+        again RESTART_DELAY later on its data dir: fresh services, its ops and payloads on disk.
+        A crasher is killed a little later (the others fetched part of its payload) for good."""
         while True:
             participation = member.participation(self.run_id)
             work = None if participation is None else participation.work
             if work is not None and work.round >= RESTART_ROUND and work.committed:
                 break
             await trio.sleep(WATCH_SECONDS)
+        if member.kind == "crasher":
+            await trio.sleep(self.rng.uniform(0.2, 1.2))
+            member.crashed = True
+            member.node.crash()
+            self.progress(f"t={trio.current_time():.1f}s: {member.name} crashed after its commit in round {work.round}")
+            return
         member.node.crash()
         self.progress(f"t={trio.current_time():.1f}s: {member.name} killed after its commit in round {work.round}")
         await trio.sleep(RESTART_DELAY)
@@ -345,7 +354,7 @@ class _Run(TrainReporting):
                     member.done_at[held] = trio.current_time()
             live = [m for m in self.members if not m.crashed]
             going = [m for m in live if (p := m.participation(self.run_id)) is None or p.banned is None]
-            if len(live) >= self.config.nodes and all(self._recorded(m, self.config.rounds) for m in going):
+            if len(live) >= self.config.nodes - self.config.crashers and all(self._recorded(m, self.config.rounds) for m in going):
                 done.cancel()
                 return
 

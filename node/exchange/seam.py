@@ -2,7 +2,9 @@
 
 A participation asks, per round: `choose` (allgather or sharded, and why: `mode.choose`), then
 `store` our payload (what the commit names), `fetch` what each other commit names (before the
-proposal: the whole payload in allgather, one checked shard in sharded exchange), `gather` what
+proposal: the whole payload in allgather, one checked shard in sharded exchange; there `confirm`
+then waits until it would outlive its author, and `unconfirmed` is what our own proposal leaves
+out), `gather` what
 the followed set needs (its payloads, or every shard's result) and `apply` it (the outer step).
 A third exchange adds an implementation of these steps beside `allgather.py` and `sharded.py`,
 and a name in `mode.EXCHANGES`; the participation does not change.
@@ -80,6 +82,18 @@ class RoundExchange:
         if payload is not None:
             work.payloads[author] = payload
         return payload is not None
+
+    async def confirm(self, work: RoundWork, author: bytes) -> None:
+        """After `fetch` found `author`'s payload: in sharded exchange, wait until it would outlive
+        its author (`ShardedExchange.confirm`); allgather holds it whole already."""
+        if work.sharded:
+            await self.sharded.confirm(work.round, author)
+
+    def unconfirmed(self, work: RoundWork | None, authors: Any) -> frozenset[bytes]:
+        """Which of `authors` our own proposal must leave out for now (`ShardedExchange.unconfirmed`)."""
+        if work is None or not work.sharded:
+            return frozenset()
+        return self.sharded.unconfirmed(work.round, authors)
 
     async def gather(self, work: RoundWork, authors: tuple[bytes, ...], *, electorate: frozenset[bytes]) -> Any:
         """What the outer step over `authors` needs (`ProposalWithheld` if it cannot be had)."""

@@ -5,14 +5,18 @@
 
     asker                                                          holder
       | -- frame: {what: "input", run, round, author, index}  or             |
-      |           {what: "result", run, round, index}  (canonical msgpack) -> |
+      |           {what: "result", run, round, index}  or                     |
+      |           {what: "held", run, round, index, authors}  (canonical msgpack) -> |
       | <-- frame: {status, size, proof}  (canonical msgpack) -------------- |
       | <-- frame: `size` raw bytes (only when status is "ok") ------------- |
 
 Answers: ``ok`` (the bytes follow; for an input, `proof` is the shard's audit path), ``missing``
 (nothing held for it here), ``busy`` (no upload slot free: ask again later or elsewhere) and
 ``refused`` (a request that is not one: malformed, a field out of bounds, an index past the
-payload's shard count). Nothing is signed: the stream is Noise-authenticated, and what is served
+payload's shard count). A ``held`` request asks which of `authors` (at most `MAX_HELD_AUTHORS`)
+have shard `index` held here; its ``ok`` bytes are a bitmap, bit i (of byte i // 8, lowest bit
+first) for authors[i]: the asker learns that a payload would outlive its author
+(`availability.py`) without fetching it. Nothing is signed: the stream is Noise-authenticated, and what is served
 is checked by the asker against what its author committed to (the Merkle root of the payload, the
 signed hash of a result), which no server's signature could strengthen.
 
@@ -52,12 +56,13 @@ logger = logging.getLogger(__name__)
 
 SHARD_PROTOCOL = "/locomesh/shard/1"
 OK, MISSING, BUSY, REFUSED = "ok", "missing", "busy", "refused"
-INPUT, RESULT = "input", "result"
+INPUT, RESULT, HELD = "input", "result", "held"
 
 KEY_SIZE = 32  # a run ID and an author's public key
 MAX_ROUND = 2**40
 MAX_SHARD_SIZE = 2**31  # bytes of one shard or one result at most (the commit op's payload cap)
-MAX_REQUEST_SIZE = 256  # twice the largest request (an input's, every field at its bound)
+MAX_HELD_AUTHORS = 256  # authors named in one held request (ask more in several)
+MAX_REQUEST_SIZE = 2 * (128 + MAX_HELD_AUTHORS * (KEY_SIZE + 2))  # twice the largest (a full held request's)
 MAX_HEADER_SIZE = 2048  # an answer's header, a full audit path (MAX_PATH hashes) included, with room
 REQUEST_TIMEOUT = 10.0  # the asker must send its request within this, once the stream is open
 HEADER_TIMEOUT = 10.0  # a header without bytes (busy, missing, refused) must be written within this
@@ -65,10 +70,12 @@ FETCH_TIMEOUT = 60.0
 
 _hash = Bytes(merkle.HASH_SIZE, merkle.HASH_SIZE)
 _key = Bytes(KEY_SIZE, KEY_SIZE)
-_common = {"what": OneOf(frozenset({INPUT, RESULT})), "run": _key, "round": Int(0, MAX_ROUND),
+_common = {"what": OneOf(frozenset({INPUT, RESULT, HELD})), "run": _key, "round": Int(0, MAX_ROUND),
            "index": Int(0, merkle.MAX_LEAVES - 1)}
 INPUT_REQUEST = Struct({**_common, "author": _key})
 RESULT_REQUEST = Struct(_common)
+HELD_REQUEST = Struct({**_common, "authors": List(_key, max_len=MAX_HELD_AUTHORS)})
+_REQUESTS = {INPUT: INPUT_REQUEST, RESULT: RESULT_REQUEST, HELD: HELD_REQUEST}
 ANSWER = Struct({"status": OneOf(frozenset({OK, MISSING, BUSY, REFUSED})), "size": Int(0, MAX_SHARD_SIZE),
                  "proof": List(_hash, max_len=merkle.MAX_PATH)})
 
@@ -184,14 +191,17 @@ class ShardRequest:
     round: int
     index: int
     author: bytes | None = None  # inputs only
+    authors: tuple[bytes, ...] | None = None  # held requests only
 
     def encode(self) -> bytes:
         """The request's frame; `ValueError` for fields no request can carry (we never send junk)."""
-        body = {"what": self.what, "run": self.run, "round": self.round, "index": self.index}
+        body: dict[str, Any] = {"what": self.what, "run": self.run, "round": self.round, "index": self.index}
         if self.author is not None:
             body["author"] = self.author
+        if self.authors is not None:
+            body["authors"] = list(self.authors)
         try:
-            (INPUT_REQUEST if self.what == INPUT else RESULT_REQUEST).check(body)
+            _REQUESTS.get(self.what, RESULT_REQUEST).check(body)
         except ProtocolError as error:
             raise ValueError(f"not a shard request: {error.reason}") from None
         return pack(body)
@@ -202,8 +212,10 @@ def decode_request(frame: bytes) -> ShardRequest:
     body = unpack(frame, max_size=MAX_REQUEST_SIZE)
     if not isinstance(body, dict):
         raise ProtocolError("bad-request", "a shard request is a map")
-    (INPUT_REQUEST if body.get("what") == INPUT else RESULT_REQUEST).check(body)
-    return ShardRequest(body["what"], body["run"], body["round"], body["index"], body.get("author"))
+    _REQUESTS.get(body.get("what"), RESULT_REQUEST).check(body)
+    authors = body.get("authors")
+    return ShardRequest(body["what"], body["run"], body["round"], body["index"], body.get("author"),
+                        None if authors is None else tuple(authors))
 
 
 def decode_answer(frame: bytes) -> tuple[str, int, list[bytes]]:
@@ -261,6 +273,9 @@ class ShardService:
                 raise  # nothing to answer on: the guard counts it (a closed stream is no fault)
             await self._refuse(stream, peer, error)
             return
+        if request.what == HELD:  # a few bytes: no upload slot
+            await self._answer_in_time(stream, peer, self._held(request), [])
+            return
         data, proof = self._lookup(request)
         if data is None:
             await self._answer_header(stream, MISSING)
@@ -280,6 +295,14 @@ class ShardService:
             count = self.holdings.shard_count(request.run, request.round, request.author)
             if count is not None and request.index >= count:
                 raise ProtocolError("bad-index", f"shard {request.index} of a payload of {count}")
+
+    def _held(self, request: ShardRequest) -> bytes:
+        """The bitmap of `request.authors` whose shard `request.index` is held here."""
+        bitmap = bytearray(held_bitmap_size(len(request.authors)))
+        for i, author in enumerate(request.authors):
+            if self.holdings.input(request.run, request.round, author, request.index) is not None:
+                bitmap[i // 8] |= 1 << (i % 8)
+        return bytes(bitmap)
 
     def _lookup(self, request: ShardRequest) -> tuple[bytes | None, list[bytes]]:
         if request.what == INPUT:
@@ -377,6 +400,26 @@ async def fetch_result(node: Any, peer_id: str, run: bytes, round_: int, index: 
         if proof:
             raise ShardFetchError("bad-answer", "a result answer carries an audit path")
     return values
+
+
+async def fetch_held(node: Any, peer_id: str, run: bytes, round_: int, index: int, authors: list[bytes], *,
+                     timeout: float = FETCH_TIMEOUT) -> set[bytes]:
+    """Which of `authors` (at most MAX_HELD_AUTHORS) have shard `index` of their round `round_`
+    payload held by `peer_id`, as it says (unverified: a liar can only delay a round, `availability.py`).
+    Raises ShardFetchError."""
+    if not authors or len(authors) > MAX_HELD_AUTHORS:
+        raise ValueError(f"a held request names 1 to {MAX_HELD_AUTHORS} authors")
+    request = ShardRequest(HELD, run, round_, index, authors=tuple(authors)).encode()
+    size = held_bitmap_size(len(authors))
+    with _fetching(node, peer_id):
+        bitmap, proof = await _exchange(node, peer_id, request, max_size=size, timeout=timeout, exact=True)
+        if proof:
+            raise ShardFetchError("bad-answer", "a held answer carries an audit path")
+    return {author for i, author in enumerate(authors) if bitmap[i // 8] >> (i % 8) & 1}
+
+
+def held_bitmap_size(authors: int) -> int:
+    return (authors + 7) // 8
 
 
 @contextmanager

@@ -8,8 +8,10 @@ is held in memory for the others (`ShardHoldings`, served by `shard_transfer.Sha
 kept as one file, so that after a restart we contribute the same bytes (`committed_before`).
 
 Before the round's proposal a member checks that each payload it counts is there: it fetches
-one shard of it, drawn from its own randomness, and checks it against the root (`fetch`); a
-proposer therefore names only payloads whose author serves them. Once the followed proposal
+one shard of it, drawn from its own randomness, and checks it against the root (`fetch`); then it
+waits until each shard is held by a member of its committee other than its author (`confirm`,
+`availability.py`). A proposer names only payloads whose author serves them and that would
+outlive it (`unconfirmed`); following a proposal needs neither. Once the followed proposal
 is known, `gather` runs the round's sans-IO `ShardedAggregation`:
 
 - committees: `committees.shard_committees` over the attempt's electorate, drawn from the hash
@@ -48,6 +50,7 @@ from locomesh.node.runtime import Node
 from locomesh.protocol import peer_id_from_public_key
 
 from . import sharded_machine as sm
+from .availability import Availability
 from .committees import shard_committees
 from .mode import ExchangeChoice
 from .shard_transfer import ShardFetchError, ShardHoldings, fetch_input, fetch_result
@@ -108,6 +111,7 @@ class ShardedExchange:
         self.me = node.identity.public_key
         self.choice: ExchangeChoice | None = None  # the current round's (set by the participation)
         self.bytes_fetched: dict[int, int] = {}  # round -> shard and result bytes downloaded for it
+        self._availability: dict[int, Availability] = {}  # round -> for the committees of its latest fetch
 
     # --- our payload ----------------------------------------------------------------------------
 
@@ -157,6 +161,8 @@ class ShardedExchange:
         self.holdings.release_before(self.run_id, round_number)
         for old in [r for r in self.bytes_fetched if round_number is None or r < round_number]:
             del self.bytes_fetched[old]
+        for old in [r for r in self._availability if round_number is None or r < round_number]:
+            del self._availability[old]
         if not self.folder.is_dir():
             return
         prefix = f"{self.run_id.hex()}-"
@@ -202,6 +208,29 @@ class ShardedExchange:
                     return False
                 await trio.sleep(RETRY_SECONDS)
         return False
+
+    async def confirm(self, round_number: int, author: bytes) -> bool:
+        """Once `fetch` found `author`'s payload there: is each of its shards held by a committee
+        member other than its author (`Availability.confirm`)? Waits for it until the round stalls."""
+        committees = self.committees(round_number, self.replica.electorate(round_number))
+        with trio.move_on_after(min(FETCH_TIMEOUT, self.timing.round_deadline / 4)):
+            return await self._available(round_number, committees).confirm(author)
+        return False
+
+    def unconfirmed(self, round_number: int, authors: Any) -> frozenset[bytes]:
+        """Which of `authors` (but us) no `confirm` showed would outlive its author, for the round's
+        latest committees: what our own proposal leaves out."""
+        known = self._availability.get(round_number)
+        confirmed = set() if known is None else known.confirmed
+        return frozenset(author for author in authors if author != self.me and author not in confirmed)
+
+    def _available(self, round_number: int, committees: list[list[bytes]]) -> Availability:
+        """The round's `Availability` for `committees` (a new one when the electorate drew others)."""
+        known = self._availability.get(round_number)
+        if known is None or known.committees != committees:
+            known = self._availability[round_number] = Availability(
+                self, round_number, committees, lambda: self._stalled(round_number))
+        return known
 
     def _stalled(self, round_number: int) -> bool:
         """Past the round's cutoff by STALL_SECONDS (or a window, if longer), or the round left:

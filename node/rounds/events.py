@@ -39,6 +39,7 @@ class Observation:
     proposals: dict[Author, tuple[Author, ...]] = field(default_factory=dict)  # round certified + 1
     certified_proposals: dict[Author, tuple[Author, ...]] = field(default_factory=dict)  # round certified
     unreachable: frozenset[Author] = frozenset()  # committed authors we hold no connection to right now
+    unconfirmed: frozenset[Author] = frozenset()  # committed authors our own set must leave out for now (sharded)
     lapsed: bool = False  # we are a member left out of the contributors for want of activity: join again
     contributors: frozenset[Author] | None = None  # who may commit (None: the electorate)
     attempt: int = 0  # the current attempt of round certified + 1 (crdt/electorate.py)

@@ -186,6 +186,8 @@ class RunParticipation:
             proposals=self.replica.proposals(next_round),
             certified_proposals=self.replica.proposals(state.round) if state.round else {},
             unreachable=frozenset(author for author in commits if author != self.me and not self._connected(author)),
+            unconfirmed=self.exchange.unconfirmed(self.work if self.work and self.work.round == next_round else None,
+                                                  commits),
             lapsed=self.replica.lapsed(self.me, next_round),
             contributors=frozenset(self.replica.contributors(next_round)),
             attempt=len(history) - 1,
@@ -391,7 +393,9 @@ class RunParticipation:
             self._ahead = None
 
     async def _fetch(self, work: RoundWork, author: bytes, payload_id: bytes, size: int) -> None:
-        """Check that one committed payload is there (`RoundExchange.fetch`) and tell the machine."""
+        """Check that one committed payload is there (`RoundExchange.fetch`) and tell the machine;
+        then wait until it would outlive its author (`RoundExchange.confirm`: our own set may name
+        it from then on, which the machine sees at its next look)."""
         started = trio.current_time()
         there = await self.exchange.fetch(work, author, payload_id, size)
         if there:
@@ -399,6 +403,9 @@ class RunParticipation:
         logger.debug("round %d: payload of %s %s after %.2f s", work.round, self._peer_id(author),
                      "fetched" if there else "not fetched", trio.current_time() - started)
         self._emit(rm.Fetched(work.round, author, there, trio.current_time()))
+        if there:
+            await self.exchange.confirm(work, author)
+            self._on_news()
 
     async def _aggregate(self, work: RoundWork, authors: tuple[bytes, ...], last_commit: float) -> None:
         """The outer step and the vote; then, off the critical path, the state checkpoint. The

@@ -36,6 +36,8 @@ class Proposing:
             if proposal is not None and self._acceptable(proposal, seen):
                 return [] if proposal == work.chosen else self._follow(proposer, proposal)
             if proposal is None and proposer == self.me and work.chosen is None and now >= starts:
+                if self._confirming(seen) and now < starts + self.window():
+                    continue  # a payload we hold waits to be seen at its committees (a window at most): follow a later set
                 # the last proposer proposes anyway: its vote may be the quorum (round 1's creator)
                 if (own := self._own_set()) and (self._acceptable(own, seen) or proposer == turns[-1][0]):
                     return self._propose(own)
@@ -48,15 +50,22 @@ class Proposing:
             return self._propose(own)
         return []
 
+    def _confirming(self, seen: Observation) -> bool:
+        """Is a payload we counted and fetched still unconfirmed (sharded: `Observation.unconfirmed`)?"""
+        work = self.current
+        return bool(work.counted & work.fetched & seen.unconfirmed)
+
     def _propose(self, own: tuple[Author, ...]) -> list[Action]:
         return [PublishProposal(self.current.number, own), *self._follow(self.me, own)]
 
     def _own_set(self) -> tuple[Author, ...]:
         """What we would propose: the commits we counted by our cut whose payloads we hold now
-        (a set we can serve whole), and ours if it was in by then. It grows as payloads that
+        (a set we can serve whole; in sharded exchange, whose every shard a committee holds:
+        `Observation.unconfirmed`), and ours if it was in by then. It grows as payloads that
         failed under load are fetched again (`_refetch`)."""
-        work = self.current
-        return tuple(sorted((work.counted & work.fetched) | ({self.me} if work.counted_ours else set())))
+        work, seen = self.current, self.last
+        unconfirmed = seen.unconfirmed if seen is not None else frozenset()
+        return tuple(sorted((work.counted & work.fetched - unconfirmed) | ({self.me} if work.counted_ours else set())))
 
     def turns(self) -> Iterator[tuple[Author, float, float]]:
         """(proposer, its turn's start, its end) in proposer order, from our cut on. The order is
