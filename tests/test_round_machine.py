@@ -92,6 +92,28 @@ def test_our_set_waits_a_window_at_most_for_a_payload_not_yet_seen_at_its_commit
                                                                   rm.StartAggregate(1, everyone, 10.1)]
 
 
+def test_the_last_proposer_too_waits_a_window_at_most_for_an_unconfirmed_payload():
+    """Last in proposer order, with no earlier set to follow: the wait for a payload not yet seen
+    at its committees still holds (it must not fall through to proposing at once)."""
+    last = _key_placed(2)
+    commits = {A: (b"pa" * 16, 10), B: (b"pb" * 16, 11), last: (b"p" * 32, 100)}
+
+    def waiting(now):
+        return rm.Observation(now, 0, None, frozenset((last, A, B)), commits, unconfirmed=frozenset({B}))
+
+    machine = rm.RoundMachine(last)
+    machine.handle(rm.Observation(0.0, 0, None, frozenset((last, A, B)), {}))
+    machine.handle(rm.Trained(1, b"p" * 32, 100, 4.0, 10.0))
+    machine.handle(waiting(10.1))
+    machine.handle(rm.Fetched(1, A, True, 10.2))
+    machine.handle(rm.Fetched(1, B, True, 10.3))
+    ours = max(starts for proposer, starts, _ in machine.turns() if proposer == last)
+    assert [p for p, _, _ in machine.turns()][-1] == last
+    assert machine.handle(waiting(ours + 0.1)) == []
+    without_b = tuple(sorted((last, A)))
+    assert machine.handle(waiting(ours + machine.window()))[0] == rm.PublishProposal(1, without_b)
+
+
 def test_a_commit_after_the_cutoff_is_left_out_even_when_fetched():
     machine, _ = trained_machine(now=10.0)
     machine.handle(seen(10.5, commits={A: (b"pa" * 16, 10)}))

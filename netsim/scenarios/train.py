@@ -330,7 +330,7 @@ class _Run(TrainReporting):
         while not any(wave_round - 1 in m.done_at for m in self.members) and wave_round > 1:
             await trio.sleep(WATCH_SECONDS)
         await trio.sleep(config.inner_steps * config.step_seconds / 2)
-        victims = self.rng.sample([m for m in self.members[1:] if not m.crashed], config.churn)
+        victims = self.rng.sample([m for m in self.members[1:] if not m.crashed and m.kind != "crasher"], config.churn)
         for victim in victims:
             victim.crashed = True
             victim.node.crash()

@@ -44,34 +44,44 @@ SELF_FETCH_AFTER = 2  # polls that found a shard at no committee member before w
 
 
 class Availability:
-    """Which payloads of round `round_number` have every shard held by a committee member other
-    than their author, for the `committees` drawn for it (`ShardedExchange.committees`)."""
+    """Which payloads of round `round_number` have every shard held by a member other than their
+    author. `committees` (`ShardedExchange.committees`) say whom to ask; they may be replaced when
+    a new attempt draws others (what was seen held stays held: holdings do not follow committees)."""
 
     def __init__(self, exchange: Any, round_number: int, committees: list[list[bytes]],
                  stalled: Callable[[], bool]) -> None:
         self.x, self.round, self.committees, self.stalled = exchange, round_number, committees, stalled
-        self.unseen: dict[bytes, set[int]] = {}  # author -> shards not yet seen held by another committee member
+        self.unseen: dict[bytes, set[int]] = {}  # author -> shards not yet seen held by another member
         self.confirmed: set[bytes] = set()  # authors all of whose shards were seen held so
         self.asked: dict[tuple[bytes, int], int] = {}  # (author, shard) -> polls that found it nowhere yet
+        self.ours: set[tuple[bytes, int]] = set()  # (author, shard) to fetch ourselves (`_poll` says)
         self.polls = 0
         self._polling = trio.Lock()
 
     async def confirm(self, author: bytes) -> bool:
         """True once every shard of `author`'s payload is seen held by a member other than `author`
         (here, or at a member of that shard's committee; a shard whose committee is `author`
-        alone needs none); False once the round stalls first (`ShardedExchange._stalled`)."""
+        alone needs none); False once the round stalls first (`ShardedExchange._stalled`), after
+        which `author` is asked about no more."""
+        if author in self.confirmed:
+            return True
         unseen = self.unseen.setdefault(
             author, {j for j, members in enumerate(self.committees) if set(members) - {author}})
         while unseen:
             if self.stalled():
                 logger.info("round %d: shards %s of %s are held by no other member we know of", self.round,
                             sorted(unseen), peer_id_from_public_key(author))
+                self.unseen.pop(author, None)
                 return False
             polls = self.polls
             async with self._polling:
                 if self.polls == polls:  # nobody polled while we waited for the lock
                     await self._poll()
                     self.polls += 1
+            async with trio.open_nursery() as nursery:  # outside the lock: a slow fetch holds up no one else
+                for j in sorted(unseen):
+                    if (author, j) in self.ours:
+                        nursery.start_soon(self._fetch_ourselves, author, j)
             if unseen:
                 await trio.sleep(POLL_SECONDS)
         self.confirmed.add(author)
@@ -80,11 +90,11 @@ class Availability:
     async def _poll(self) -> None:
         """Look at our own holdings; ask, for each shard and unseen payload, a member of the
         shard's committee other than its author (one we hold a connection to, a different one
-        each poll): one request per (shard, member), each bounded by HELD_TIMEOUT; fetch
-        ourselves what was found nowhere SELF_FETCH_AFTER polls long."""
+        each poll): one request per (shard, member), each bounded by HELD_TIMEOUT. What was found
+        nowhere SELF_FETCH_AFTER polls long, or has no committee member we are connected to, goes
+        to `ours` (the waiting `confirm` fetches it)."""
         x, me = self.x, self.x.me
         wanted: dict[tuple[int, bytes], list[bytes]] = {}
-        ours: list[tuple[bytes, int]] = []
         for author, shards in self.unseen.items():
             for j in list(shards):
                 if author != me and x.holdings.input(x.run_id, self.round, author, j):
@@ -94,14 +104,12 @@ class Availability:
                 others = [m for m in self.committees[j] if m not in (author, me)]
                 reachable = [m for m in others if peer_id_from_public_key(m) in x.node.peers]
                 if asked > SELF_FETCH_AFTER or not reachable:
-                    ours.append((author, j))
+                    self.ours.add((author, j))
                 else:
                     wanted.setdefault((j, reachable[self.polls % len(reachable)]), []).append(author)
         async with trio.open_nursery() as nursery:
             for (j, member), authors in sorted(wanted.items()):
                 nursery.start_soon(self._ask, j, member, sorted(authors))
-            for author, j in ours:
-                nursery.start_soon(self._fetch_ourselves, author, j)
 
     async def _fetch_ourselves(self, author: bytes, shard: int) -> None:
         """Fetch shard `shard` of `author`'s payload (from its author, its committee, anyone) to hold it."""
@@ -110,7 +118,7 @@ class Availability:
         if commit is not None and author != x.me:
             sources = [author, *self.committees[shard], *sorted(x.replica.state.members)]
             if await x._input(self.round, author, commit[0], shard, list(dict.fromkeys(sources))) is not None:
-                self.unseen[author].discard(shard)
+                self.unseen.get(author, set()).discard(shard)
 
     async def _ask(self, shard: int, member: bytes, authors: list[bytes]) -> None:
         """Ask `member` which of `authors` have shard `shard` held there."""
@@ -124,4 +132,4 @@ class Availability:
                              peer_id_from_public_key(member), error)
                 return
             for author in held:
-                self.unseen[author].discard(shard)
+                self.unseen.get(author, set()).discard(shard)

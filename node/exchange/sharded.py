@@ -67,6 +67,7 @@ MIN_RESULT_WAIT = 10.0
 SHARD_TIMEOUT = 5.0
 SLOW_RATE = 256 * 1024  # a committee silent this long past the start of aggregation is done without
 PAYLOAD_FOLDER = "sharded-payloads"
+FANOUT = 4  # sources asked at once for a shard its author does not serve
 
 Compute = Callable[..., Awaitable[Any]]
 
@@ -218,18 +219,20 @@ class ShardedExchange:
         return False
 
     def unconfirmed(self, round_number: int, authors: Any) -> frozenset[bytes]:
-        """Which of `authors` (but us) no `confirm` showed would outlive its author, for the round's
-        latest committees: what our own proposal leaves out."""
+        """Which of `authors` (but us) no `confirm` of the round showed would outlive its author:
+        what our own proposal leaves out."""
         known = self._availability.get(round_number)
         confirmed = set() if known is None else known.confirmed
         return frozenset(author for author in authors if author != self.me and author not in confirmed)
 
     def _available(self, round_number: int, committees: list[list[bytes]]) -> Availability:
-        """The round's `Availability` for `committees` (a new one when the electorate drew others)."""
+        """The round's `Availability`, asking `committees` (those of a new attempt, if it drew others:
+        what was seen held stays so)."""
         known = self._availability.get(round_number)
-        if known is None or known.committees != committees:
+        if known is None:
             known = self._availability[round_number] = Availability(
                 self, round_number, committees, lambda: self._stalled(round_number))
+        known.committees = committees
         return known
 
     def _stalled(self, round_number: int) -> bool:
@@ -245,8 +248,9 @@ class ShardedExchange:
     async def _input(self, round_number: int, author: bytes, root: bytes, index: int,
                      sources: list[bytes]) -> bytes | None:
         """Shard `index` of `author`'s payload, checked against `root`: from the first of `sources`
-        (its author), else from whichever of the others answers with it first (asked together:
-        most of them answer "missing" at once); held to be served on. None if none has it."""
+        (its author), else from whichever of the others answers with it first, asked FANOUT at a
+        time in their order (most answer "missing" at once; at most FANOUT shards are in flight);
+        held to be served on. None if none has it."""
         held = self.holdings.input(self.run_id, round_number, author, index)
         if held is not None:
             return held[0]
@@ -254,12 +258,15 @@ class ShardedExchange:
         if sources and peer_id_from_public_key(sources[0]) not in self.node.peers:
             sources = sources[1:] + sources[:1]  # a first source we hold no connection to is asked last
         first, *rest = sources or [None]
+        rest.sort(key=lambda source: peer_id_from_public_key(source) not in self.node.peers)  # stable: connected first
         got: list[tuple[bytes, list[bytes]]] = []
         if first is not None:
             await self._ask(round_number, author, root, index, first, got)
-        if not got and rest:
+        for start in range(0, len(rest), FANOUT):  # a few at a time: each may send a shard's bound of bytes
+            if got:
+                break
             async with trio.open_nursery() as nursery:
-                for source in rest:
+                for source in rest[start:start + FANOUT]:
                     nursery.start_soon(self._ask, round_number, author, root, index, source, got, nursery.cancel_scope)
         if not got:
             return None

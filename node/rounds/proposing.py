@@ -37,6 +37,8 @@ class Proposing:
                 return [] if proposal == work.chosen else self._follow(proposer, proposal)
             if proposal is None and proposer == self.me and work.chosen is None and now >= starts:
                 if self._confirming(seen) and now < starts + self.window():
+                    if proposer == turns[-1][0]:
+                        return []  # the last turn: no later set to follow, and nobody else's turn ends ours
                     continue  # a payload we hold waits to be seen at its committees (a window at most): follow a later set
                 # the last proposer proposes anyway: its vote may be the quorum (round 1's creator)
                 if (own := self._own_set()) and (self._acceptable(own, seen) or proposer == turns[-1][0]):
@@ -65,7 +67,7 @@ class Proposing:
         failed under load are fetched again (`_refetch`)."""
         work, seen = self.current, self.last
         unconfirmed = seen.unconfirmed if seen is not None else frozenset()
-        return tuple(sorted((work.counted & work.fetched - unconfirmed) | ({self.me} if work.counted_ours else set())))
+        return tuple(sorted((work.counted & (work.fetched - unconfirmed)) | ({self.me} if work.counted_ours else set())))
 
     def turns(self) -> Iterator[tuple[Author, float, float]]:
         """(proposer, its turn's start, its end) in proposer order, from our cut on. The order is
