@@ -52,7 +52,6 @@ from libp2p.pubsub.pubsub import Pubsub
 from libp2p.tools.anyio_service import background_trio_service
 
 from locomesh.crdt import Genesis, Replica, evidence_fields
-from locomesh.crdt.evidence import ban_reason
 from locomesh.crdt.limits import earlier_statement
 from locomesh.crdt.scores import scores_json
 from locomesh.protocol import ProtocolError, decode, encode, peer_id_from_public_key, public_key_from_peer_id
@@ -61,6 +60,7 @@ from locomesh.protocol.runs import format_run_id, parse_run_id, short_run_id
 
 from locomesh.node.replication.anti_entropy import FANOUT, MAX_INTERVAL, AntiEntropySchedule
 from locomesh.node.replication.op_log import OpLog, load_into
+from locomesh.node.replication.own_ban import OwnBans
 from locomesh.node.rate_limit import RateLimiter
 from locomesh.node.rpc.dispatch import RpcError
 from locomesh.node.runs.store import RunStore
@@ -111,7 +111,7 @@ class CrdtService:
         self.replicas: dict[bytes, Replica] = {}
         self._logs: dict[bytes, OpLog] = {}
         self._opening: dict[bytes, trio.Event] = {}  # runs being loaded: no caller sees one half loaded
-        self._bans: dict[bytes, str] = {}  # run -> why our own key is banned there
+        self._own_bans = OwnBans()
         self._pulled: set[bytes] = set()  # runs pulled from a peer since they were opened
         self._outbox: dict[bytes, list[bytes]] = {}
         self._syncing: set[tuple[str, bytes]] = set()
@@ -174,7 +174,7 @@ class CrdtService:
             try:
                 replica = Replica(genesis)
                 await self._load_log(replica)
-                self._watch_ban(replica)
+                self._own_bans.watch(replica, self._node.identity.public_key)
                 await self._replicate(replica)
             finally:
                 self._opening.pop(run_id).set()
@@ -250,14 +250,9 @@ class CrdtService:
         return False
 
     def ban_reason(self, run_id: bytes) -> str | None:
-        """Why this node's key is banned in `run_id`, or None if it is not (or the run is not replicated).
-
-        A ban by disputes needs the derived run state, so it is looked for here, when asked, and
-        not after every op (`_watch_ban`): deriving per op is quadratic in a backlog."""
-        replica = self.replicas.get(run_id)
-        if run_id not in self._bans and replica is not None and self._node is not None:
-            self._note_ban(replica, replica.ban_reason(self._node.identity.public_key))
-        return self._bans.get(run_id)
+        """Why this node's key is banned in `run_id`, or None if it is not (or the run is not replicated)."""
+        me = self._node.identity.public_key if self._node is not None else None
+        return self._own_bans.reason(self.replicas.get(run_id), run_id, me)
 
     # --- gossip -----------------------------------------------------------------------------
 
@@ -450,25 +445,6 @@ class CrdtService:
                 log.sync()
             except OSError as error:  # others' ops only: a restart fetches them again
                 logger.error("%s: cannot sync: %s", log.path, error)
-
-    def _watch_ban(self, replica: Replica) -> None:
-        """Note a self-verifying ban of our own key in `replica`'s run as soon as an op brings it
-        (facts only: cheap per op; `ban_reason` adds bans by disputes)."""
-        me = self._node.identity.public_key
-
-        def check() -> None:
-            if replica.run_id not in self._bans:
-                self._note_ban(replica, ban_reason(replica.facts, me))
-
-        check()
-        replica.listeners.append(check)
-
-    def _note_ban(self, replica: Replica, reason: str | None) -> None:
-        """Remember (and log, once) why our own key is banned in `replica`'s run."""
-        if reason is not None and replica.run_id not in self._bans:
-            self._bans[replica.run_id] = reason
-            logger.warning("run %s: this node's key is banned: %s. It can take no further part in this run "
-                           "(a new data dir gives a new key)", short_run_id(replica.run_id), reason)
 
 
 def _take_batch(queued: list[bytes]) -> list[bytes]:
