@@ -112,7 +112,7 @@ class ShardedExchange:
         self.me = node.identity.public_key
         self.choice: ExchangeChoice | None = None  # the current round's (set by the participation)
         self.bytes_fetched: dict[int, int] = {}  # round -> shard and result bytes downloaded for it
-        self._availability: dict[int, Availability] = {}  # round -> for the committees of its latest fetch
+        self._availability: dict[int, Availability] = {}  # round -> which payloads would outlive their author
 
     # --- our payload ----------------------------------------------------------------------------
 
@@ -211,8 +211,8 @@ class ShardedExchange:
         return False
 
     async def confirm(self, round_number: int, author: bytes) -> bool:
-        """Once `fetch` found `author`'s payload there: is each of its shards held by a committee
-        member other than its author (`Availability.confirm`)? Waits for it until the round stalls."""
+        """Once `fetch` found `author`'s payload there: is each of its shards held by a member other
+        than its author (`Availability.confirm`)? Waits for it until the round stalls."""
         committees = self.committees(round_number, self.replica.electorate(round_number))
         with trio.move_on_after(min(FETCH_TIMEOUT, self.timing.round_deadline / 4)):
             return await self._available(round_number, committees).confirm(author)
@@ -255,10 +255,8 @@ class ShardedExchange:
         if held is not None:
             return held[0]
         sources = [source for source in sources if source != self.me]
-        if sources and peer_id_from_public_key(sources[0]) not in self.node.peers:
-            sources = sources[1:] + sources[:1]  # a first source we hold no connection to is asked last
+        sources.sort(key=lambda source: peer_id_from_public_key(source) not in self.node.peers)  # stable: connected first
         first, *rest = sources or [None]
-        rest.sort(key=lambda source: peer_id_from_public_key(source) not in self.node.peers)  # stable: connected first
         got: list[tuple[bytes, list[bytes]]] = []
         if first is not None:
             await self._ask(round_number, author, root, index, first, got)
