@@ -16,6 +16,9 @@ from locomesh.node.config import human_size, resolve_data_dir  # noqa: F401 - hu
 from .client import DEFAULT_TIMEOUT, EXIT_ERROR, EXIT_NO_DAEMON, EXIT_OK, DaemonNotRunning, RpcCallError, RpcClient
 
 
+RUN_ID_HELP = "the run's ID: the full one, or its start as `run list` and `run browse` show it"
+
+
 def add_run_action(subparsers: argparse._SubParsersAction, name: str, help: str) -> argparse.ArgumentParser:
     """A new action `name` of the `run` command, whose module (`run_cmd`) must be registered before
     the caller's in `main._subcommand_modules()`; its parser, with RUN_ID, --data-dir and --json."""
@@ -24,7 +27,7 @@ def add_run_action(subparsers: argparse._SubParsersAction, name: str, help: str)
         raise RuntimeError(f"the `run {name}` action must be registered after run_cmd, which owns the `run` command")
     actions = next(a for a in run_parser._actions if isinstance(a, argparse._SubParsersAction))
     action = actions.add_parser(name, help=help)
-    action.add_argument("run_id", metavar="RUN_ID", help="the run's full ID")
+    action.add_argument("run_id", metavar="RUN_ID", help=RUN_ID_HELP)
     add_data_dir_argument(action)
     action.add_argument("--json", action="store_true", help="print JSON")
     return action
@@ -52,6 +55,23 @@ def no_daemon(error: Exception) -> int:
     return fail(f"{error} (start one with: locomesh node start)", EXIT_NO_DAEMON)
 
 
+INVALID_PARAMS = "invalid params: "  # node/rpc/dispatch.py's prefix: JSON-RPC's, not the person's concern
+
+
+def refused(error: RpcCallError) -> int:
+    """Print why the daemon refused a call, as the person who typed the command needs it: the
+    reason alone, without the RPC method (`run watch` calls ``run.status``) or error class."""
+    reason = error.message
+    if reason.startswith(INVALID_PARAMS):
+        reason = reason[len(INVALID_PARAMS):]
+    return fail(reason, EXIT_ERROR)
+
+
+def plural(count: int, noun: str, nouns: str | None = None) -> str:
+    """``1 peer``, ``2 peers``: a count and its noun, in the singular for one."""
+    return f"{count} {noun if count == 1 else nouns or noun + 's'}"
+
+
 def show_call(
     args: argparse.Namespace,
     method: str,
@@ -66,7 +86,7 @@ def show_call(
     except DaemonNotRunning as error:
         return no_daemon(error)
     except RpcCallError as error:
-        return fail(f"{method} failed: {error.message}", EXIT_ERROR)
+        return refused(error)
     if args.json:
         print(json.dumps(result, indent=2, sort_keys=True))
     else:

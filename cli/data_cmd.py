@@ -7,8 +7,10 @@ running daemon announces every checkpoint to its peers (new ones within its anno
 so whoever knows the ID can download the dataset, every chunk verified. Works with or without a
 daemon: it only writes files, atomically, as the daemon's own store does.
 
-Exit status: 0 with the dataset ID, 1 when the disk fails, 2 for bad input (a missing file, a bad
-tokenizer file or JSON line, a corpus too small for two shards, bad arguments).
+Exit status: 0 with the dataset ID, 1 when the disk fails (a full disk: "no space left on device:
+DIR; ..."), 2 for bad input (a missing file, a bad tokenizer file or JSON line, a corpus too small
+for two shards, bad arguments); one line on stderr for each failure. A pack that fails leaves
+nothing of itself in the store.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from locomesh.node.datadir import CHECKPOINT_DIR
+from locomesh.node.datadir import CHECKPOINT_DIR, DISK_FULL, no_space
 
 from .client import EXIT_ERROR, EXIT_OK, EXIT_USAGE
 from .common import add_data_dir_argument, data_dir_of, fail
@@ -70,10 +72,18 @@ def pack_data(args: argparse.Namespace) -> int:
     except DatasetError as error:
         return fail(error.reason, EXIT_USAGE)
     except (CheckpointError, OSError) as error:
-        return fail(f"cannot write the dataset to {directory}: {error}", EXIT_ERROR)
+        return fail(write_failure(error, directory), EXIT_ERROR)
     result = summary(packed, directory)
     print(json.dumps(result, indent=2, sort_keys=True) if args.json else format_summary(result))
     return EXIT_OK
+
+
+def write_failure(error: Exception, directory: Path) -> str:
+    """Why the pack could not write to `directory`, in one line; a full disk says what to do."""
+    if isinstance(error, OSError) and error.errno in DISK_FULL:
+        return (f"{no_space(error)}: {directory}; free some space or use --out DIR on another disk "
+                "(nothing of this dataset was kept)")
+    return f"cannot write the dataset to {directory}: {error}"
 
 
 def summary(packed: Any, directory: Path) -> dict[str, Any]:

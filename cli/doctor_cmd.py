@@ -1,15 +1,18 @@
 """`locomesh doctor [RUN_ID]`: can this machine take part, and if not, why not and what to do.
 
-Checked here, without a daemon: Python, torch, the training device of the node's configuration,
-whether this CPU computes the outer step to the reference bits (`training.reference_hashes`, the
-cross-CPU determinism test's vectors), the configuration and the data dir with its permissions.
+Checked here, without a daemon: Python, torch, the training device (the running daemon's, else the
+configuration's), whether this CPU computes the outer step to the reference bits
+(`training.reference_hashes`, the cross-CPU determinism test's vectors), the configuration and the
+data dir with its permissions.
 Asked of the running daemon (``node.doctor``, node/doctor/): bootstrap reachability, the
 reachability verdict and NAT behaviour, port mapping, relays and, for RUN_ID, the run's members,
 links, memory and round time.
 
-Each problem comes with its fix. The exit status is 0 when the node can take part, 1 when a check
-failed, and 3 when no daemon runs (its checks cannot be made: start one and run doctor again).
-On a terminal the checks are a table; piped, plain lines; ``--json`` for scripts.
+Each problem comes with its fix. The last line, the verdict, follows from the checks: the node can
+take part unless a check failed (a warning says what works less well). The exit status is 0 when
+the node can take part, 1 when a check failed, and 3 when no daemon runs (its checks cannot be
+made: start one and run doctor again). On a terminal the checks are a table; piped, plain lines;
+``--json`` for scripts (with ``ok`` and the ``verdict`` line).
 """
 
 from __future__ import annotations
@@ -17,12 +20,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import stat
 import sys
 from pathlib import Path
 from typing import Any
 
-from locomesh.node.doctor.checks import FAIL, OK, WARN, Check, fail, ok
+from locomesh.node.doctor.checks import FAIL, OK, WARN, Check, fail, ok, takes_part, verdict
 
 from .client import EXIT_ERROR, EXIT_NO_DAEMON, EXIT_OK, DaemonNotRunning, RpcCallError, RpcClient
 from .common import TextTable, add_data_dir_argument, data_dir_of, emit, on_terminal
@@ -43,10 +47,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def run_doctor(args: argparse.Namespace) -> int:
     data_dir = data_dir_of(args)
-    config, checks = local_checks(data_dir)
-    daemon = daemon_checks(data_dir, args.run_id)
+    daemon = daemon_checks(data_dir, args.run_id)  # first: the device to check is the running daemon's
+    config, checks = local_checks(data_dir, daemon["facts"].get("device"))
     checks.extend(daemon["checks"])
-    report = {"ok": not any(check.status == FAIL for check in checks), "checks": [c.as_dict() for c in checks],
+    report = {"ok": takes_part(checks), "verdict": verdict(checks), "checks": [c.as_dict() for c in checks],
               "facts": {"data_dir": str(data_dir), "device": getattr(config, "device", None), **daemon["facts"]}}
     if args.json:
         print(json.dumps(report, indent=2, sort_keys=True, default=str))
@@ -60,15 +64,19 @@ def run_doctor(args: argparse.Namespace) -> int:
 # --- what this process checks itself ---------------------------------------------------------------
 
 
-def local_checks(data_dir: Path) -> tuple[Any, list[Check]]:
-    """(the node's configuration or None, the checks made without a daemon)."""
+def local_checks(data_dir: Path, daemon_device: str | None = None) -> tuple[Any, list[Check]]:
+    """(the node's configuration or None, the checks made without a daemon). `daemon_device`: the
+    device the running daemon trains on (its --device may differ from the configuration), if one runs."""
     checks = [python_check()]
     config, config_check = load_node_config(data_dir)
     checks.append(config_check)
     torch_ok = torch_check()
     checks.append(torch_ok)
     if torch_ok.status == OK:
-        checks.append(device_check(getattr(config, "device", "auto")))
+        if daemon_device:
+            checks.append(device_check(daemon_device, " (the running daemon's device)"))
+        else:
+            checks.append(device_check(getattr(config, "device", "auto")))
     checks.append(determinism_check())
     checks.append(data_dir_check(data_dir))
     return config, checks
@@ -87,7 +95,7 @@ def load_node_config(data_dir: Path) -> tuple[Any, Check]:
     try:
         config = load_config(data_dir=data_dir)
     except ConfigError as error:
-        return None, fail("config", str(error), "fix the value named (see the configuration table in the README)")
+        return None, fail("config", str(error), "fix the value named (the keys: docs/usage.md, Configuration)")
     where = config.config_file or "defaults (no config.toml)"
     return config, ok("config", f"read from {where}")
 
@@ -101,8 +109,9 @@ def torch_check() -> Check:
     return ok("torch", f"torch {torch.__version__}")
 
 
-def device_check(spec: str) -> Check:
-    """The configured device resolves here and computes (a small matrix product on it)."""
+def device_check(spec: str, whose: str = "") -> Check:
+    """Device `spec` resolves here and computes (a small matrix product on it). `whose`: which
+    node's device it is, in words, for the end of the detail."""
     from locomesh.training.devices import DeviceError, resolve_device
 
     try:
@@ -112,11 +121,17 @@ def device_check(spec: str) -> Check:
         x = torch.ones(64, 64, device=device)
         float((x @ x).sum())
     except DeviceError as error:
-        return fail("device", str(error), "start the node with --device cpu, or the device this machine has")
+        return fail("device", f"{spec} requested, not available: {_without_request(str(error), spec)}{whose}",
+                    "start the node with --device auto or cpu, or the device this machine has")
     except Exception as error:  # noqa: BLE001 - a driver error, out of device memory
         return fail("device", f"{spec} does not compute: {type(error).__name__}: {str(error)[:200]}",
                     "check the GPU driver (nvidia-smi), or start the node with --device cpu")
-    return ok("device", f"{spec} -> {device}: works")
+    return ok("device", f"{spec} -> {device}: works{whose}")
+
+
+def _without_request(reason: str, spec: str) -> str:
+    """A `DeviceError`'s reason without its opening "SPEC asked for, (and)", which the check says already."""
+    return re.sub(rf"^{re.escape(spec)} asked for,( and)? ", "", reason)
 
 
 def determinism_check() -> Check:
@@ -185,18 +200,15 @@ _MARK = {OK: "ok", WARN: "WARN", FAIL: "FAIL"}
 
 def format_checks(checks: list[Check]) -> str:
     """A table on a terminal; piped, one line per check and an indented "fix:" line under each problem;
-    last, whether the node can take part."""
-    failed = [check.name for check in checks if check.status == FAIL]
-    verdict = ("this node can take part" if not failed
-               else f"this node cannot take part: {len(failed)} problem(s) to fix ({', '.join(failed)})")
+    last, whether the node can take part (`checks.verdict`)."""
     if on_terminal():
         rows = [(_MARK.get(c.status, c.status), c.name, c.detail, c.fix or "-") for c in checks]
         emit(TextTable.columns(("", "CHECK", "FOUND", "FIX"), rows))
-        return verdict
+        return verdict(checks)
     lines = []
     for check in checks:
         lines.append(f"{_MARK.get(check.status, check.status):<4}  {check.name}: {check.detail}")
         if check.fix:
             lines.append(f"      fix: {check.fix}")
-    lines.append(verdict)
+    lines.append(verdict(checks))
     return "\n".join(lines)

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 from locomesh.node.transfer.states import RUNNING_STATES
 
-from .common import human_size
+from .common import human_size, plural
 
 
 
@@ -45,7 +45,7 @@ def download_outcome(progress: dict[str, Any]) -> str:
     label = download_label(progress)
     if progress["state"] == "done":
         size = f", {human_size(progress.get('bytes_fetched', 0))} fetched" if progress.get("bytes_fetched") else ""
-        return f"{label}: done, {progress['chunks_total']} chunks{size}"
+        return f"{label}: done, {plural(progress['chunks_total'], 'chunk')}{size}"
     reason = f": {progress['error']}" if progress.get("error") else ""
     return f"{label}: {progress['state']}{reason}"
 

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from .client import EXIT_ERROR, EXIT_OK, EXIT_USAGE, DaemonNotRunning, RpcCallError, RpcClient
-from .common import add_run_action, data_dir_of, fail, no_daemon, peer_name
+from .common import add_run_action, data_dir_of, fail, no_daemon, peer_name, plural, refused
 from .plots import RoundPoint, Series, draw, markdown_section
 from .run_view import score_text
 
@@ -49,10 +49,11 @@ def report_run(args: argparse.Namespace) -> int:
     except DaemonNotRunning as error:
         return no_daemon(error)
     except RpcCallError as error:
-        return fail(f"run.status failed: {error.message}", EXIT_ERROR)
+        return refused(error)
     except (OSError, ValueError) as error:
         return fail(f"cannot read {args.source}: {error}", EXIT_ERROR)
-    if not isinstance(status, dict) or status.get("run_id") != args.run_id or not isinstance(status.get("history"), list):
+    if not isinstance(status, dict) or not names_run(args.run_id, status.get("run_id")) or \
+            not isinstance(status.get("history"), list):
         return fail(f"{args.source} is not the `run status --json` of run {args.run_id}", EXIT_USAGE)
     try:
         result = write_report(status, Path(args.out))
@@ -64,6 +65,19 @@ def report_run(args: argparse.Namespace) -> int:
         print("\n".join([*(f"wrote {name}" for name in result["files"]),
                          *(f"not drawn: {name}: {why}" for name, why in result["skipped"].items())]))
     return EXIT_OK
+
+
+def names_run(text: str, run_id: Any) -> bool:
+    """Does `text`, a run ID as the CLI takes it (full, 64 hex digits, or a short prefix: `run list`
+    and `run browse` print those), name the run whose full ID is `run_id`?"""
+    from locomesh.protocol import ProtocolError
+    from locomesh.protocol.runs import parse_run_id
+
+    try:
+        run = parse_run_id(run_id)
+        return parse_run_id(text, [run]) == run
+    except (ProtocolError, AttributeError):  # AttributeError: a `run_id` that is no string
+        return False
 
 
 def _ask(args: argparse.Namespace) -> dict[str, Any]:
@@ -146,7 +160,7 @@ def summary_markdown(status: dict[str, Any], series: Series) -> str:
     records = sorted(status["history"], key=lambda record: record["round"])
     lines = [f"# Run {status['run_id']}", "",
              f"This node's record: {status['phase']} now, holding the state of round {status['round']} "
-             f"(certified: {status['certified']}), {status['members']} members.", ""]
+             f"(certified: {status['certified']}), {plural(status['members'], 'member')}.", ""]
     lines += [f"- **{label}**: {text}" for label, text in _facts(status, records)]
     if series.contributions:
         lines += ["", "## Contributions", "",

@@ -28,7 +28,7 @@ from typing import Any
 from locomesh.node.transfer.states import RUNNING_STATES
 
 from .client import DEFAULT_TIMEOUT, EXIT_ERROR, EXIT_OK, EXIT_USAGE, DaemonNotRunning, RpcCallError, RpcClient
-from .common import add_run_action, data_dir_of, fail, no_daemon, on_terminal, peer_name
+from .common import add_run_action, data_dir_of, fail, no_daemon, on_terminal, peer_name, plural
 from .progress import open_view
 
 # With --fetch: at most this many audits, each followed by the downloads of what it lacked (a state
@@ -57,10 +57,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def audit_run(args: argparse.Namespace) -> int:
     from locomesh.node.rounds.audit import MISMATCH, AuditError, audit_data_dir  # torch: only now
     from locomesh.protocol import ProtocolError
+    from locomesh.node.runs.store import RunStore
     from locomesh.protocol.runs import format_run_id, parse_run_id
 
-    try:
-        run_id = parse_run_id(args.run_id)
+    try:  # a short ID (`run list` prints those) names one of the runs the data dir keeps
+        run_id = parse_run_id(args.run_id, [run.run_id for run in RunStore(data_dir_of(args)).load()])
     except ProtocolError as error:
         return fail(f"bad run ID: {error.reason}", EXIT_USAGE)
     if args.first < 1 or (args.last is not None and args.last < args.first):
@@ -117,7 +118,7 @@ def fetch_checkpoints(args: argparse.Namespace, ids: list[str],
 def format_audit(result: dict[str, Any]) -> str:
     """The audit as one line per round and a summary line."""
     lines = [_line(report) for report in result["rounds"]]
-    lines.append(f"run {result['run_id']}: {len(result['rounds'])} rounds audited of {result['certified']} certified: "
+    lines.append(f"run {result['run_id']}: {plural(len(result['rounds']), 'round')} audited of {result['certified']} certified: "
                  f"{result['ok']} ok, {result['mismatch']} mismatch, {result['missing']} missing")
     return "\n".join(lines)
 
@@ -130,5 +131,5 @@ def _line(report: dict[str, Any]) -> str:
         signers = ", ".join(peer_name(voter) for voter in report["voters"])
         return head + (f"MISMATCH: certified hash {report['certified'][:16]} does not follow from the round's "
                        f"contributions ({report['note']}); signed by {signers}")
-    what = f"{len(report['missing'])} checkpoints not in the store: {', '.join(m[:16] for m in report['missing'])}"
+    what = f"{plural(len(report['missing']), 'checkpoint')} not in the store: {', '.join(m[:16] for m in report['missing'])}"
     return head + "missing: " + "; ".join(part for part in (what if report["missing"] else "", report["note"]) if part)

@@ -15,7 +15,7 @@ import argparse
 import time
 from typing import Any
 
-from .common import TextTable, add_data_dir_argument, human_size, show_call
+from .common import TextTable, add_data_dir_argument, human_size, plural, show_call
 
 BROWSE_TIMEOUT = 90.0  # the daemon's three lookup phases take up to 20 s each
 
@@ -45,7 +45,8 @@ def format_listings(result: dict[str, Any]) -> str:
     """The listed runs as a table, and how to join one; or why the list is empty."""
     runs = result["runs"]
     if not runs:
-        found = f"{result['keepers_found']} card keepers found, {result['records_read']} cards records read"
+        found = (f"{plural(result['keepers_found'], 'card keeper')} found, "
+                 f"{plural(result['records_read'], 'cards record')} read")
         return (f"no public run found in the directory ({found}). A run is listed once it was created with "
                 "--public and one of its members has been online for a minute.")
     header = ("run", "name", "task", "params", "dataset", "memory", "up/round", "down/round", "round",

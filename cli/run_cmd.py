@@ -10,7 +10,14 @@ and signs nothing they refuse), 2 for bad arguments, 3 when no daemon runs on
 the data dir.
 
 ``--set key=value`` values are typed the way a person means them: ``true`` /
-``false``, integers, decimals, and everything else a string.
+``false``, integers, decimals, and everything else a string. `run create` prints the run's ID
+alone on stdout and, on stderr, the next step: creating a run does not make this node train in it;
+`run join` does.
+
+A RUN_ID may be the start of one (the 16 characters `run list` and `run browse` print): the daemon
+resolves it among the runs it knows and those its browses listed, and `run join` / `run info`
+look one it does not know up in the directory of public runs. A refusal prints the daemon's
+reason alone (`common.refused`).
 
 On a terminal, `run join` follows the join to this node's first round (`watch_cmd.follow_join`:
 downloads, the sync, the round's phases); piped, or with ``--json``, it prints its one line as it
@@ -27,15 +34,21 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
+import sys
 import time
 from typing import Any
 
-from .client import EXIT_ERROR, EXIT_OK, EXIT_USAGE, DaemonNotRunning, RpcCallError, RpcClient
-from .common import TextTable, add_data_dir_argument, data_dir_of, emit, fail, no_daemon, on_terminal
+from .client import EXIT_OK, EXIT_USAGE, DaemonNotRunning, RpcCallError, RpcClient
+from .common import RUN_ID_HELP, TextTable, add_data_dir_argument, data_dir_of, emit, fail, no_daemon, on_terminal, refused
+from .run_browse import BROWSE_TIMEOUT
 from .run_view import format_status, show_status
 
 # Looking a run up in the DHT can take a while on a large network; creating one publishes it.
 RPC_TIMEOUT = 60.0
+# `run join` and `run info` may first look a short ID up in the directory of public runs, as `run browse` does.
+LOOKUP_TIMEOUT = RPC_TIMEOUT + BROWSE_TIMEOUT
+LOOKUPS = ("run.join", "run.info")
 FOLLOW_TIMEOUT = 900.0  # `run join --follow`: a sync and a whole round of a large model take minutes
 STATUS_POLL_SECONDS = 2.0  # `run status --follow`
 STATUS_RPC_TIMEOUT = 10.0  # `run status --follow`: each call; a daemon that long silent counts as gone
@@ -64,7 +77,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     listing.set_defaults(handler=list_runs)
 
     info = commands.add_parser("info", help="show a run, found in the DHT if this node does not know it")
-    info.add_argument("run_id", metavar="RUN_ID", help="the run's full ID")
+    info.add_argument("run_id", metavar="RUN_ID", help=RUN_ID_HELP)
     info.add_argument("--refresh", action="store_true", help="ask the DHT even if this node knows the run")
     info.set_defaults(handler=show_run)
 
@@ -73,7 +86,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     status = commands.add_parser("status", help="this node's part in a run: phase, rounds, losses")
     export = commands.add_parser("export", help="write a run's certified model as a directory transformers loads")
     for sub, handler in ((join, join_run), (leave, leave_run), (status, run_status), (export, export_run)):
-        sub.add_argument("run_id", metavar="RUN_ID", help="the run's full ID")
+        sub.add_argument("run_id", metavar="RUN_ID", help=RUN_ID_HELP)
         sub.set_defaults(handler=handler)
     export.add_argument("directory", metavar="DIR", help="where the files go (created if need be)")
 
@@ -143,8 +156,18 @@ def create_run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result, indent=2, sort_keys=True))
     else:
-        print(result["run_id"])
+        print(result["run_id"])  # alone on stdout: scripts take it with `$(locomesh run create ...)`
+        print(next_step(args, result), file=sys.stderr)
     return EXIT_OK
+
+
+def next_step(args: argparse.Namespace, result: dict[str, Any]) -> str:
+    """What to do after `run create`: creating a run does not make this node train in it."""
+    command = ["locomesh", "run", "join", result["run_id"]]
+    if args.data_dir is not None:  # the join must reach the same daemon
+        command += ["--data-dir", args.data_dir]
+    found = " (others find it with: locomesh run browse)" if result.get("public") else ""
+    return f"run created; this node does not train in it until it joins: {shlex.join(command)}{found}"
 
 
 @_exits
@@ -166,7 +189,7 @@ def join_run(args: argparse.Namespace) -> int:
         return _show(args, "run.join", {"run_id": args.run_id}, joined_text)
     from .watch_cmd import follow_join
 
-    return _guarded(lambda: follow_join(_client(args), args.run_id, timeout=args.timeout, rich=on_terminal()), "run.join")
+    return _guarded(lambda: follow_join(_client(args), args.run_id, timeout=args.timeout, rich=on_terminal()))
 
 
 def joined_text(result: dict[str, Any]) -> str:
@@ -188,7 +211,7 @@ def run_status(args: argparse.Namespace) -> int:
 
         client = _guarded(lambda: RpcClient.for_data_dir(data_dir_of(args), timeout=STATUS_RPC_TIMEOUT))
         return _guarded(lambda: follow_status(client, args.run_id, interval=args.interval, json_lines=args.json,
-                                              rich=on_terminal() and not args.json), "run.status")
+                                              rich=on_terminal() and not args.json))
     if args.json or not on_terminal():
         return _show(args, "run.status", {"run_id": args.run_id}, format_status)
     show_status(_call(args, "run.status", {"run_id": args.run_id}))
@@ -215,21 +238,22 @@ def _show(args: argparse.Namespace, method: str, params: dict[str, Any], formatt
 
 def _call(args: argparse.Namespace, method: str, params: dict[str, Any]) -> Any:
     """The method's result; on failure prints why and raises `_Failed`."""
-    return _guarded(lambda: _client(args).call(method, params), method)
+    timeout = LOOKUP_TIMEOUT if method in LOOKUPS else RPC_TIMEOUT
+    return _guarded(lambda: _client(args, timeout).call(method, params))
 
 
-def _client(args: argparse.Namespace) -> RpcClient:
-    return RpcClient.for_data_dir(data_dir_of(args), timeout=RPC_TIMEOUT)
+def _client(args: argparse.Namespace, timeout: float = RPC_TIMEOUT) -> RpcClient:
+    return RpcClient.for_data_dir(data_dir_of(args), timeout=timeout)
 
 
-def _guarded(work: Any, method: str = "") -> Any:
+def _guarded(work: Any) -> Any:
     """`work()`'s result; a daemon that is gone or answers an error is printed and raises `_Failed`."""
     try:
         return work()
     except DaemonNotRunning as error:
         raise _Failed(no_daemon(error)) from None
     except RpcCallError as error:
-        raise _Failed(fail(f"{method or 'the call'} failed: {error.message}", EXIT_ERROR)) from None
+        raise _Failed(refused(error)) from None
 
 
 def format_runs(runs: list[dict[str, Any]]) -> str:

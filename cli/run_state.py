@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from .common import TextTable, add_run_action, peer_name, show_call
+from .common import TextTable, add_run_action, peer_name, plural, show_call
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -36,8 +36,8 @@ def format_state(state: dict[str, Any]) -> str:
         ("members", len(state["members"])),
         ("banned", len(state["banned"])),
         ("checkpoint", "-" if checkpoint is None else
-         f"{checkpoint['id'][:16]} (round {checkpoint['round']}, {checkpoint['attestations']} attestations)"),
-        ("snapshot", "-" if snapshot is None else f"{snapshot['state'][:16]} ({snapshot['ops']} ops)"),
+         f"{checkpoint['id'][:16]} (round {checkpoint['round']}, {plural(checkpoint['attestations'], 'attestation')})"),
+        ("snapshot", "-" if snapshot is None else f"{snapshot['state'][:16]} ({plural(snapshot['ops'], 'op')})"),
         ("ops", state["ops"]),
         ("heads", state["heads"]),
         ("pending", f"{state['pending']} (waiting for {state['wanted']})"),

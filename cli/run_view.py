@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from .common import TextTable, emit, human_size, peer_name
+from .common import TextTable, emit, human_size, peer_name, plural
 
 ROUND_COLUMNS = ("ROUND", "DONE AT", "EVAL LOSS", "FLOOR", "TRAIN LOSS", "PAYLOADS", "SENT", "FETCHED", "TRAIN (s)",
                  "FETCH (s)", "OUTER (s)", "EXCHANGE (s)", "ROUND (s)")
@@ -37,7 +37,7 @@ def round_line(record: dict[str, Any]) -> str:
     parts = [f"eval loss {_loss(record['eval_loss'])}" + ("" if record["floor"] is None else f" (floor {record['floor']:.4f})")]
     if record.get("train_loss") is not None:
         parts.append(f"train loss {record['train_loss']:.4f}")
-    parts.append("synced" if record["synced"] else f"{record['contributors']} payloads")
+    parts.append("synced" if record["synced"] else plural(record['contributors'], 'payload'))
     if record.get("payload_bytes"):
         parts.append(f"{_size(record['payload_bytes'])} sent")
     if record.get("bytes_fetched"):
@@ -140,10 +140,11 @@ def status_head(status: dict[str, Any]) -> list[str]:
     for (and on whom), the device, the dataset, the members; for a run left, only that."""
     if status.get("training") is False:
         return [f"run {status['run_id']}: not training (left after round {status.get('left_after')}); "
-                f"{len(status['history'])} rounds it finished here kept", *_member_lines(status)]
+                f"{plural(len(status['history']), 'round')} it finished here kept", *_member_lines(status)]
     lines = [
         f"run {status['run_id']}: {status['phase']}, state of round {status['round']} "
-        f"(certified {status['certified']}), {status['members']} members, {status['peers']} peers connected"
+        f"(certified {status['certified']}), {plural(status['members'], 'member')}, "
+        f"{plural(status['peers'], 'peer')} connected"
     ]
     if status.get("error"):
         lines.append(f"  stopped: {status['error']}")

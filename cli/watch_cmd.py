@@ -8,7 +8,8 @@ watching, not the training.
 line each (`run_view.round_line`) in a pipe or a file, one JSON object a line with ``--json``
 (the history records of ``run.status``, unchanged), and on a terminal a live table of the recent
 rounds under a line saying what the round under way waits for. It ends with ``--until ROUND``
-once that round is done (exit 0), when the daemon stops training the run (phase failed or
+once that round is done (exit 0; a round done before this node's record of the run begins is said
+so, as nothing would show it), when the daemon stops training the run (phase failed or
 banned: exit 1, with why), when ``--timeout`` passes (exit 0, or 1 if ``--until`` was not
 reached), or on Ctrl-C (exit 130).
 
@@ -31,7 +32,7 @@ from typing import Any
 from locomesh.node.transfer.states import RUNNING_STATES
 
 from .client import DEFAULT_TIMEOUT, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, DaemonNotRunning, RpcCallError, RpcClient
-from .common import add_run_action, data_dir_of, fail, no_daemon, on_terminal
+from .common import add_run_action, data_dir_of, fail, no_daemon, on_terminal, plural, refused
 from .progress import View, open_view
 from .run_view import format_status, phase_text, round_line, round_table
 
@@ -62,7 +63,7 @@ def watch_run(args: argparse.Namespace) -> int:
     except DaemonNotRunning as error:
         return no_daemon(error)
     except RpcCallError as error:
-        return fail(f"run.status failed: {error.message}", EXIT_ERROR)
+        return refused(error)
 
 
 def statuses(client: RpcClient, run_id: str, interval: float, timeout: float | None) -> Iterator[dict[str, Any]]:
@@ -90,7 +91,7 @@ def _watch_lines(args: argparse.Namespace, client: RpcClient) -> int:
         for record in new_records(status, shown, args.until):
             print(show(record), flush=True)
             shown = record["round"]
-        ended = _ended(args, status)
+        ended = _ended(args, status, shown)
         if ended is not None:
             return ended
     return _timed_out(args, shown)
@@ -108,24 +109,33 @@ def _watch_live(args: argparse.Namespace, client: RpcClient) -> int:
             records = (records + new_records(status, records[-1]["round"] if records else 0, args.until))[-LIVE_ROUNDS:]
             what, detail = phase_text(status) if status["phase"] not in STOPPED else (status["phase"], "")
             header = Text(" · ".join(part for part in (
-                f"run {status['run_id'][:16]}…: {status.get('members', 0)} members, {status.get('peers', 0)} peers "
-                "connected", what, detail) if part))
+                f"run {status['run_id'][:16]}…: {plural(status.get('members', 0), 'member')}, "
+                f"{plural(status.get('peers', 0), 'peer')} connected", what, detail) if part))
             live.update(Group(header, round_table(records).to_rich()), refresh=True)
-            ended = _ended(args, status)
+            ended = _ended(args, status, records[-1]["round"] if records else 0)
             if ended is not None:
                 return ended
     return _timed_out(args, records[-1]["round"] if records else 0)
 
 
-def _ended(args: argparse.Namespace, status: dict[str, Any]) -> int | None:
+def _ended(args: argparse.Namespace, status: dict[str, Any], shown: int) -> int | None:
     """The exit status if watching ends here (round `args.until` done, or training stopped); else None.
-    A node that synced past round `args.until` has no record of it, and is done with it too."""
+    `shown`: the newest round printed. A node that synced past round `args.until` has no record of
+    it, and is done with it too."""
     newest = max((record["round"] for record in status["history"]), default=0)
     if args.until is not None and newest >= args.until:
-        return EXIT_OK
+        return EXIT_OK if shown >= args.until else _done_unrecorded(args.until, status["history"])
     if status["phase"] in STOPPED:
         return fail(f"run {status['run_id']}: training stopped: {_stop_reason(status)}", EXIT_ERROR)
     return None
+
+
+def _done_unrecorded(until: int, history: list[dict[str, Any]]) -> int:
+    """Exit 0, saying why nothing (or not round `until`) was shown: the round is done, but this node
+    keeps no record of it (it joined after it, missed it, or it is older than the rounds kept)."""
+    rounds = sorted(record["round"] for record in history)
+    return fail(f"round {until} is already done; this node has no record of it to show (its record of the run "
+                f"holds rounds {rounds[0]} to {rounds[-1]})", EXIT_OK)
 
 
 def _stop_reason(status: dict[str, Any]) -> str:

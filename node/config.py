@@ -43,7 +43,7 @@ from reserving relay slots when private and from hole punching (`locomesh.node.n
 ``private_addresses = "on"`` lets the dials a peer asks for (reachability dial-backs, hole punches)
 go to loopback and private addresses: for a swarm on one machine or one LAN (`locomesh swarm` sets
 it). Off, the default, they go to public unicast addresses only, so no peer can make the node probe
-its own host or LAN (`locomesh.node.nat.addresses`).
+its own host or LAN (`locomesh.node.addresses`).
 
 ``archive = "on"`` makes the node an archive of the runs it trains in: every payload of every round
 (the others' too, once fetched and checked) goes to its checkpoint store and stays there, so that
@@ -59,8 +59,8 @@ the CPU, bit-exact, so peers on any hardware agree on every bit. ``local_workers
 processes train data-parallel on this node (`locomesh.training.distributed`): 0, the default, is
 one per GPU for ``auto`` and ``cuda`` on a machine with several GPUs, else one; N asks for the
 first N GPUs, or for ``cpu`` N CPU processes (tests, machines with several CPU sockets). Here only
-the syntax is checked: whether the devices are there is known when a run is joined, and a join
-that asks for what the machine lacks fails saying so.
+the syntax is checked; `node start` refuses a device the machine lacks before anything starts
+(`node/daemon.py`), and a join that asks for more than the machine has fails saying so.
 
 ``memory_limit`` is how much memory the node may use for training, as bytes or a size such as
 ``"8GiB"`` or ``"512MiB"``: a join whose run needs more (`locomesh.training.footprint`: the model,

@@ -1,6 +1,8 @@
 """`locomesh node start`: the node, its data dir, its local RPC, and its signals, in one process.
 
-Start-up, in order: take the data dir's lock; check that nothing listens on
+Start-up, in order: refuse a training device this machine does not have
+(`missing_device`: the user named it, so a start that cannot train there says
+so in one line and exits 2, not at the first join); take the data dir's lock; check that nothing listens on
 our addresses yet (`locomesh.node.host.addresses_in_use`); delete the
 temporaries that writes cut short by a crash left (`locomesh.node.files`);
 load (or create, once) the identity; build the node with its services;
@@ -15,6 +17,11 @@ services are cancelled (each persists what it must, bounded by
 closed, ``rpc.json`` and the cookie are removed, and the process exits 0.
 A second signal exits at once (status 128 + signal number); a shutdown
 that takes longer than `SHUTDOWN_TIMEOUT` seconds is cut short (status 1).
+
+A full disk, whenever a write meets it, ends the daemon with one line that
+names the file ("no space left on device: PATH; free some space or use
+--data-dir DIR on another disk"): a `DataDirError` (`datadir.cannot_write`),
+never a traceback.
 """
 
 from __future__ import annotations
@@ -36,7 +43,7 @@ from locomesh.node.files import remove_stray_temporaries
 from locomesh.node.assembly import node_services
 from locomesh.node.config import NodeConfig
 from locomesh.node.dashboard import Dashboard
-from locomesh.node.datadir import DataDir, RpcInfo, load_or_create_identity
+from locomesh.node.datadir import DISK_FULL, DataDir, RpcInfo, cannot_write, load_or_create_identity
 from locomesh.node.host import addresses_in_use
 from locomesh.node.logs import join_libp2p_logging
 from locomesh.node.ping import PingService
@@ -49,6 +56,7 @@ from locomesh.node.streams import sole_exception
 logger = logging.getLogger(__name__)
 
 SHUTDOWN_TIMEOUT = 10.0
+EXIT_NO_DEVICE = 2  # as a bad configuration (`cli.client.EXIT_USAGE`): the user's --device to change
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 ServiceFactory = Callable[[NodeConfig], Sequence[Service]]
@@ -62,12 +70,20 @@ def default_services(config: NodeConfig) -> list[Service]:
 def run_daemon(config: NodeConfig, *, services: ServiceFactory = default_services) -> int:
     """Run a daemon in the foreground until it is told to stop; return the exit status.
 
-    Raises `DataDirError` or `IdentityError` before anything starts if the data
-    dir is taken or its key unusable, `AddressInUse` (a `ListenError`) if
-    something listens on one of our addresses already, and `ListenError` if an
-    address cannot be listened on for another reason.
+    Returns `EXIT_NO_DEVICE`, having said why in one line, if this machine lacks
+    the training devices of `config`. Raises `DataDirError` or `IdentityError`
+    before anything starts if the data dir is taken or its key unusable,
+    `DataDirError` whenever a write meets a full disk, `AddressInUse` (a
+    `ListenError`) if something listens on one of our addresses already, and
+    `ListenError` if an address cannot be listened on for another reason.
     """
     join_libp2p_logging()  # libp2p is imported by now (this module imports it)
+    missing = missing_device(config.device, config.local_workers)
+    if missing:
+        # One line on stderr, as `cli.common.fail` prints the start's other refusals (node/ does not import the CLI).
+        print(f"locomesh: device: {missing}; start the node with --device auto or cpu, or the device this machine "
+              "has", file=sys.stderr)
+        return EXIT_NO_DEVICE
     datadir = DataDir(config.data_dir)
     datadir.lock()
     try:
@@ -79,13 +95,44 @@ def run_daemon(config: NodeConfig, *, services: ServiceFactory = default_service
         identity = load_or_create_identity(datadir.identity_path)
         try:
             trio.run(_serve, config, listen, datadir, identity, services)
-        except BaseExceptionGroup as group:
-            raise sole_exception(group) from None
+        except (BaseExceptionGroup, OSError) as error:
+            raise _disk_full_as_data_dir_error(sole_exception(error), datadir) from None
         logger.info("stopped cleanly")
         return 0
     finally:
         datadir.remove_rpc_files()
         datadir.unlock()
+
+
+def missing_device(spec: str, local_workers: int) -> str | None:
+    """Why this machine cannot give the training devices `spec` and `local_workers` ask for, or
+    None. "cpu", and "auto" with one worker per GPU, are always there: those skip loading torch
+    (a second or two of start-up)."""
+    if spec == "cpu" or (spec == "auto" and not local_workers):
+        return None
+    from locomesh.training.devices import DeviceError, local_devices
+
+    try:
+        local_devices(spec, local_workers)
+    except DeviceError as error:
+        return str(error)
+    return None
+
+
+def _disk_full_as_data_dir_error(error: BaseException, datadir: DataDir) -> BaseException:
+    """`error` as the one line of a full disk (`cannot_write`) if a full disk is what it is, found
+    in a group too (a service's write that failed), else `error` itself."""
+    full = _disk_full(error)
+    if full is None:
+        return error
+    logger.debug("a write met a full disk", exc_info=full)  # where, for --log-level debug
+    return cannot_write(full.filename or datadir.path, full)
+
+
+def _disk_full(error: BaseException) -> OSError | None:
+    if isinstance(error, BaseExceptionGroup):
+        return next((found for inner in error.exceptions if (found := _disk_full(inner)) is not None), None)
+    return error if isinstance(error, OSError) and error.errno in DISK_FULL else None
 
 
 def _with_last_port(listen: Sequence[str], last_port: int | None) -> list[Multiaddr]:

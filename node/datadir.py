@@ -14,15 +14,20 @@
 
 The identity key is PKCS#8 PEM, written atomically and readable by the owner alone
 (`load_or_create_identity`; a looser mode found on it is tightened). `rpc.json` and
-`rpc.cookie` are written atomically once the RPC answers, and removed on a clean shutdown. A client therefore trusts them only while the
-lock is held (`daemon_running`): a daemon that crashed leaves stale files but
+`rpc.cookie` are written atomically once the RPC answers, and removed on a clean shutdown. A
+client therefore trusts them only while the lock is held (`daemon_running`): a daemon that
+crashed leaves stale files but
 no lock, because the kernel drops the lock with the process.
+
+A write that fails (a full disk above all) raises `DataDirError` with one line that names the
+file and what to do (`cannot_write`), never a bare `OSError`: `node start` shows it as is.
 
 This module does not import libp2p or trio: the CLI client uses it.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
@@ -47,6 +52,7 @@ CHECKPOINT_DIR = "checkpoints"
 COOKIE_BYTES = 32
 _MAX_INFO_FILE = 64 * 1024
 _LOCK_ATTEMPTS = 10
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)  # no room left, on the disk or in the user's quota
 
 
 class DataDirError(Exception):
@@ -76,19 +82,26 @@ class DataDir:
         return self.path / IDENTITY_FILE
 
     def lock(self) -> None:
-        """Take the data dir for this process, or raise `DataDirError` if another daemon has it."""
+        """Take the data dir for this process, or raise `DataDirError` if another daemon has it or it
+        cannot be written."""
         try:
             self.path.mkdir(parents=True, exist_ok=True, mode=0o700)
             fd = os.open(self.path / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
         except OSError as error:
+            if error.errno in DISK_FULL:
+                raise cannot_write(self.path, error) from None
             raise DataDirError(f"cannot use data dir {self.path}: {error.strerror}") from None
         if not _try_lock(fd):
             holder = _read_pid(fd)
             os.close(fd)
             who = f" (pid {holder})" if holder else ""
             raise DataDirError(f"another locomesh daemon{who} is using data dir {self.path}") from None
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
+        try:
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()}\n".encode())
+        except OSError as error:
+            os.close(fd)  # releases the lock: a daemon that cannot write here cannot run here
+            raise cannot_write(self.path / LOCK_FILE, error) from None
         self._lock_fd = fd
 
     def unlock(self) -> None:
@@ -99,12 +112,12 @@ class DataDir:
     def new_cookie(self) -> str:
         """Write a fresh RPC cookie (0600, atomically) and return it."""
         cookie = secrets.token_hex(COOKIE_BYTES)
-        atomic_write(self.path / COOKIE_FILE, cookie.encode("ascii"), mode=0o600)
+        write_file(self.path / COOKIE_FILE, cookie.encode("ascii"), mode=0o600)
         return cookie
 
     def write_rpc_info(self, info: RpcInfo) -> None:
         data = json.dumps({"port": info.port, "pid": info.pid, "peer_id": info.peer_id}).encode()
-        atomic_write(self.path / RPC_INFO_FILE, data, mode=0o644)
+        write_file(self.path / RPC_INFO_FILE, data, mode=0o644)
 
     def last_listen_port(self) -> int | None:
         """The TCP port the last daemon on this data dir listened on, if it wrote one that parses."""
@@ -115,7 +128,7 @@ class DataDir:
         return int(text) if text.isdigit() and 0 < int(text) < 65536 else None
 
     def write_listen_port(self, port: int) -> None:
-        atomic_write(self.path / LISTEN_PORT_FILE, f"{port}\n".encode("ascii"), mode=0o644)
+        write_file(self.path / LISTEN_PORT_FILE, f"{port}\n".encode("ascii"), mode=0o644)
 
     def remove_rpc_files(self) -> None:
         for name in (RPC_INFO_FILE, COOKIE_FILE):
@@ -172,11 +185,12 @@ class DataDir:
 
 
 def save_identity(identity: Identity, path: str | os.PathLike) -> None:
-    """Write the key as PKCS#8 PEM, atomically, readable by the owner alone."""
+    """Write the key as PKCS#8 PEM, atomically, readable by the owner alone; `DataDirError` if it
+    cannot be written (`cannot_write`)."""
     pem = identity.private_key.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
     )
-    atomic_write(path, pem, mode=0o600)
+    write_file(path, pem, mode=0o600)
 
 
 def load_identity(path: str | os.PathLike) -> Identity:
@@ -198,12 +212,35 @@ def load_identity(path: str | os.PathLike) -> Identity:
 
 
 def load_or_create_identity(path: str | os.PathLike) -> Identity:
-    """The identity at `path`, created there on first use."""
+    """The identity at `path`, created there on first use (`DataDirError` if it cannot be written)."""
     if Path(path).exists():
         return load_identity(path)
     identity = Identity.generate()
     save_identity(identity, path)
     return identity
+
+
+# --- writing ----------------------------------------------------------------------------
+
+
+def write_file(path: str | os.PathLike, data: bytes, *, mode: int) -> None:
+    """`atomic_write` (nothing half-written is left), with a failure as `DataDirError` (`cannot_write`)."""
+    try:
+        atomic_write(path, data, mode=mode)
+    except OSError as error:
+        raise cannot_write(path, error) from None
+
+
+def cannot_write(path: str | os.PathLike, error: OSError) -> DataDirError:
+    """`error`, met writing at `path`, in one line that says what to do."""
+    if error.errno in DISK_FULL:
+        return DataDirError(f"{no_space(error)}: {path}; free some space or use --data-dir DIR on another disk")
+    return DataDirError(f"cannot write {path}: {error.strerror}")
+
+
+def no_space(error: OSError) -> str:
+    """What a disk-full `error` (errno in `DISK_FULL`) means, in words."""
+    return "disk quota exceeded" if error.errno == errno.EDQUOT else "no space left on device"
 
 
 def _try_lock(fd: int) -> bool:

@@ -25,11 +25,12 @@ def atomic_write(path: str | os.PathLike, data: bytes, *, mode: int = 0o644) -> 
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f"{TEMP_PREFIX}{path.name}.", suffix=TEMP_SUFFIX)
     try:
-        os.fchmod(fd, mode)
-        with os.fdopen(fd, "wb") as file:
-            file.write(data)
-            file.flush()
-            os.fsync(file.fileno())
+        try:
+            os.fchmod(fd, mode)
+            _write_all(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -38,6 +39,14 @@ def atomic_write(path: str | os.PathLike, data: bytes, *, mode: int = 0o644) -> 
             pass
         raise
     fsync_dir(path.parent)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """`os.write` until all of `data` is written. Plain `os.write`, not a file object's buffered
+    write, so a failing disk can be faked in tests by replacing `os.write`."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
 
 
 def fsync_dir(directory: str | os.PathLike) -> None:

@@ -93,10 +93,19 @@ def parse_run_id(text: str, known: Iterable[bytes] = ()) -> bytes:
         return _from_hex(text)
     if len(text) == 52:
         return _from_base32(text)
-    if MIN_PREFIX_CHARS <= len(text) < 52 and set(text.lower()) <= _BASE32:
-        return _from_prefix(text.lower(), known)
+    prefix = run_id_prefix(text)
+    if prefix is not None:
+        return _from_prefix(prefix, known)
     raise ProtocolError("bad-run-id", f"{text[:60]!r} is not a run ID (52 base32 characters, 64 hex digits, or a "
                                       f"prefix of at least {MIN_PREFIX_CHARS} characters of a run this node knows)")
+
+
+def run_id_prefix(text: str) -> str | None:
+    """`text` as the prefix of a run ID's base32 form (lowercase) if it reads as one (at least
+    `MIN_PREFIX_CHARS` base32 characters, fewer than a full ID), else None: what `parse_run_id`
+    resolves against the runs it is given, and a caller may look further for."""
+    text = text.strip().lower()
+    return text if MIN_PREFIX_CHARS <= len(text) < 52 and set(text) <= _BASE32 else None
 
 
 def _from_hex(text: str) -> bytes:

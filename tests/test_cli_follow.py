@@ -79,7 +79,7 @@ def test_a_followed_join_then_watch_then_report_of_a_training_daemon(daemons, tm
     assert joined.returncode == 0, joined.stderr
     lines = joined.stdout.splitlines()
     assert lines[:2] == ["finding the run and meeting its participants", "joined; training from round 1"]
-    assert lines[-1].startswith("round    1: eval loss ") and "1 payloads" in lines[-1]
+    assert lines[-1].startswith("round    1: eval loss ") and "1 payload" in lines[-1] and "1 payloads" not in lines[-1]
     assert "\x1b" not in joined.stdout, "a pipe gets no terminal escape codes"
 
     watched = locomesh(daemon, "run", "watch", run_id, "--until", "3", "--timeout", "120")

@@ -88,6 +88,19 @@ def test_a_report_refuses_the_status_of_another_run(status, tmp_path, capsys):
     assert not (tmp_path / "r").exists()
 
 
+def test_a_report_takes_the_short_id_the_cli_prints(status, tmp_path, monkeypatch, capsys):
+    """Issue #37: the daemon answers with the full ID; a short one (`run list`, `run browse`) was
+    refused as "not the `run status --json` of run ..."."""
+    from locomesh.cli.client import RpcClient
+
+    daemon = type("Daemon", (), {"call": lambda self, method, params: status})()
+    monkeypatch.setattr(RpcClient, "for_data_dir", classmethod(lambda cls, *args, **kwargs: daemon))
+    short = status["run_id"][:16]
+    assert main(["run", "report", short, "--out", str(tmp_path / "r"), "--data-dir", str(tmp_path)]) == 0, \
+        capsys.readouterr().err
+    assert (tmp_path / "r" / "summary.md").exists()
+
+
 def test_the_timeline_splits_each_round_into_what_its_time_went_to(status):
     series = series_from_status(status)
     assert [point.round for point in series.rounds] == [1, 2, 3, 4]

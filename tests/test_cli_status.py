@@ -14,7 +14,7 @@ import time
 import pytest
 
 from locomesh.cli import run_cmd, watch_cmd
-from locomesh.cli.client import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK
+from locomesh.cli.client import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, RpcCallError
 from locomesh.cli.daemon_process import DaemonProcess
 from locomesh.cli.main import main
 from locomesh.cli.run_state import format_state
@@ -216,3 +216,60 @@ def test_run_status_follows_rounds_and_keeps_them_after_a_leave_and_a_restart(tm
     finally:
         daemon.stop()
         log.close()
+
+
+# --- issue #37: plain reasons, next steps, counts ---------------------------------------------------
+
+
+def daemon_answering(monkeypatch, answers: list) -> None:
+    """Every command's `RpcClient` is a `ScriptedDaemon` answering `answers` in turn."""
+    monkeypatch.setattr(run_cmd.RpcClient, "for_data_dir", classmethod(lambda cls, *a, **k: ScriptedDaemon(answers)))
+
+
+@pytest.mark.parametrize("command", [["run", "watch", "abcdefgh"], ["run", "report", "abcdefgh", "--out", "out"],
+                                     ["run", "status", "abcdefgh"], ["run", "join", "abcdefgh", "--no-follow"]])
+def test_a_refused_call_prints_the_reason_alone_whatever_method_the_command_called(command, monkeypatch, tmp_path,
+                                                                                     capsys):
+    """`run watch` and `run report` call ``run.status``: their errors began "run.status failed: invalid
+    params: ...", the RPC's words, not the command's."""
+    reason = "no such run: no run this node knows starts with 'abcdefgh'"
+    daemon_answering(monkeypatch, [RpcCallError(-32004, reason)])
+    assert main([*command, "--data-dir", str(tmp_path)]) == EXIT_ERROR
+    assert capsys.readouterr().err == f"locomesh: {reason}\n"
+    daemon_answering(monkeypatch, [RpcCallError(-32602, "invalid params: 'x' is not a run ID")])
+    assert main([*command, "--data-dir", str(tmp_path)]) == EXIT_ERROR
+    assert capsys.readouterr().err == "locomesh: 'x' is not a run ID\n"
+
+
+def test_run_create_says_how_to_join_the_run_on_stderr_leaving_stdout_to_the_id(monkeypatch, tmp_path, capsys):
+    run_id = "a" * 51 + "q"
+    daemon_answering(monkeypatch, [{"run_id": run_id, "public": True}])
+    assert main(["run", "create", "--task", "synthetic-lm", "--public", "--data-dir", str(tmp_path / "my node")]) == EXIT_OK
+    out, err = capsys.readouterr()
+    assert out == f"{run_id}\n"
+    assert err == (f"run created; this node does not train in it until it joins: locomesh run join {run_id} "
+                   f"--data-dir '{tmp_path / 'my node'}' (others find it with: locomesh run browse)\n")
+
+
+def test_watch_until_a_round_done_before_this_nodes_record_says_so(monkeypatch, tmp_path, capsys):
+    """A node that joined at round 10 has no record of round 3: `run watch --until 3` printed nothing."""
+    later = {**training_status(), "round": 11, "history": [record(10).to_json(), record(11).to_json()]}
+    daemon_answering(monkeypatch, [later])
+    assert main(["run", "watch", "r", "--until", "3", "--data-dir", str(tmp_path)]) == EXIT_OK
+    out, err = capsys.readouterr()
+    assert out == "" and err == ("locomesh: round 3 is already done; this node has no record of it to show "
+                                 "(its record of the run holds rounds 10 to 11)\n")
+    daemon_answering(monkeypatch, [later])
+    assert main(["run", "watch", "r", "--until", "10", "--data-dir", str(tmp_path)]) == EXIT_OK
+    out, err = capsys.readouterr()
+    assert out.startswith("round   10: eval loss") and err == ""
+
+
+def test_counts_of_one_read_in_the_singular():
+    alone = {**training_status(), "members": 1, "peers": 1,
+             "history": [{**record(3).to_json(), "contributors": 1}]}
+    text = format_status(alone)
+    assert "1 member, 1 peer connected" in text and "1 payload," in text
+    assert "3 members, 1 peer connected" in format_status(training_status())
+    left = {"run_id": "r" * 52, "phase": "left", "training": False, "left_after": 7, "history": [record(7).to_json()]}
+    assert format_status(left).splitlines()[0].endswith("; 1 round it finished here kept")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import random
 
 import numpy as np
@@ -22,6 +23,8 @@ from locomesh.training.data.index import (
     MAX_INDEX_BYTES, MAX_NAME, MAX_SHARDS, DatasetError, DatasetIndex, dtype_for, read_index, shard_tensors,
     shard_tokens_of,
 )
+
+from .full_disk import FullDisk, files_under
 
 SHARD = 64
 WORDS = "the quick brown fox jumps over a lazy dog while seven wizards quietly hex one jolly box".split()
@@ -174,7 +177,26 @@ def test_a_corpus_of_too_many_shards_is_refused_as_it_is_packed(corpus, tmp_path
     monkeypatch.setattr(store, "MAX_SHARDS", 3)
     with pytest.raises(DatasetError, match="over 3 shards of 64: use a larger --shard-tokens"):
         _pack(corpus, tmp_path)
-    assert len(checkpoint_ids(tmp_path)) == 3  # no tokenizer, no index
+    assert files_under(tmp_path) == set()  # the 3 shards written are taken back: no orphan to announce
+
+
+def test_a_full_disk_fails_the_pack_in_one_line_and_takes_back_what_it_wrote(corpus, tmp_path, monkeypatch, capsys):
+    store, scratch = tmp_path / "store", tmp_path / "scratch"
+    kept = _pack(corpus, store, name="kept")  # already there, and sharing its tokenizer with the next
+    before = files_under(store)
+    args = ["data", "pack", *map(str, corpus["files"][:-1]), "--tokenizer", str(corpus["path"]), "--shard-tokens", "32"]
+    assert main([*args, "--out", str(scratch)]) == 0
+    size = sum(path.stat().st_size for path in scratch.rglob("*") if path.is_file())
+    capsys.readouterr()
+    disk = FullDisk(store, free=size // 2)  # full halfway through the next dataset
+    monkeypatch.setattr(os, "write", disk.write)
+    assert main([*args, "--out", str(store)]) == 1
+    err = capsys.readouterr().err
+    assert err.splitlines() == [f"locomesh: no space left on device: {store}; free some space or use --out DIR on "
+                                "another disk (nothing of this dataset was kept)"]
+    assert disk.written > 0  # it did write part of the dataset...
+    assert files_under(store) == before  # ...and took it all back, temporaries included; the kept one is whole
+    assert all(has_checkpoint(store, checkpoint) for checkpoint in (kept.id, kept.index.tokenizer, *kept.index.shards))
 
 
 def test_a_corrupted_or_missing_shard_chunk_is_refused(corpus, tmp_path):

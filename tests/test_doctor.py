@@ -140,6 +140,56 @@ def test_network_checks_explain_each_problem_with_a_fix():
     assert all(check.status == OK for check in network_checks(healthy, {}))
 
 
+def test_the_verdict_follows_from_the_checks():
+    from locomesh.node.doctor.checks import Check, takes_part, verdict
+
+    fine, warned, failed = Check("python", OK, "3.11"), Check("NAT", WARN, "symmetric", "a router"), Check(
+        "bootstrap", FAIL, "alone", "--bootstrap")
+    assert verdict([fine]) == "this node can take part" and takes_part([fine])
+    assert verdict([fine, warned]) == "this node can take part, with 1 warning(s) (NAT): see their fixes"
+    assert takes_part([fine, warned])
+    assert verdict([warned, failed]) == "this node cannot take part: 1 problem(s) to fix (bootstrap)"
+    assert not takes_part([warned, failed])
+
+
+def test_a_node_alone_cannot_take_part_and_each_fix_fits_the_others_findings():
+    unknown = {"verdict": "unknown", "confirmed_addrs": [], "probes_pending": 0, "evidence": []}
+    alone = {"bootstrap": {"configured": 0, "connected": 0}, "peers_connected": 0, "reachability": unknown,
+             "listen_addrs": ["/ip4/192.168.1.5/tcp/4001"], "observed_addrs": []}
+    checks = network_checks(alone, {})
+    named = {check.name: check for check in checks}
+    assert named["bootstrap"].status == FAIL and "cannot find anyone" in named["bootstrap"].detail
+    assert "first node of a new network" in named["bootstrap"].fix
+    assert named["reachability"].fix.startswith("connect to peers first (see the bootstrap check)")
+    assert named["NAT"].fix.startswith("connect to peers first (see the bootstrap check)")
+    from locomesh.node.doctor.checks import verdict
+
+    assert verdict(checks).startswith("this node cannot take part: 1 problem(s) to fix (bootstrap)")
+
+    connected = {**alone, "bootstrap": {"configured": 1, "connected": 1}, "peers_connected": 1}
+    named = {check.name: check for check in network_checks(connected, {})}
+    assert named["bootstrap"].status == OK and named["bootstrap"].detail == "1/1 bootstrap peers reachable"
+    for name in ("reachability", "NAT"):  # a peer is connected: no fix asks to connect to one
+        assert named[name].status == WARN and "connect to" not in named[name].fix and "bootstrap" not in named[name].fix
+    assert "1 connected peer(s)" in named["reachability"].fix
+
+
+def test_doctor_checks_the_device_the_running_daemon_was_started_with(tmp_path, monkeypatch, capsys):
+    import torch
+
+    from locomesh.cli import doctor_cmd
+    from locomesh.cli.main import main
+    from locomesh.node.doctor.checks import ok
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    daemon = {"checks": [ok("RPC", "the daemon answers")], "facts": {"device": "cuda"}}  # started with --device cuda
+    monkeypatch.setattr(doctor_cmd, "daemon_checks", lambda data_dir, run_id: daemon)
+    assert main(["doctor", "--data-dir", str(tmp_path)]) == EXIT_ERROR  # the configuration says "auto": not what runs
+    lines = capsys.readouterr().out.splitlines()
+    assert "FAIL  device: cuda requested, not available: this machine has no CUDA device (the running daemon's device)" in lines
+    assert lines[-1] == "this node cannot take part: 1 problem(s) to fix (device)"
+
+
 # --- real daemons: each broken setup ------------------------------------------------------------------
 
 

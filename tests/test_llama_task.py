@@ -36,7 +36,7 @@ def dataset(tmp_path_factory):
 
 
 @pytest.mark.parametrize("config, message", [
-    ({"hidden_layers": 2}, "unknown config key 'hidden_layers'"),
+    ({"hidden_layers": 2}, "unknown setting 'hidden_layers': did you mean 'num_hidden_layers'"),
     ({"preset": "huge"}, "unknown preset 'huge'"),
     ({"hidden_size": "64"}, "'hidden_size' must be int"),
     ({"tie_word_embeddings": 1}, "'tie_word_embeddings' must be bool"),

@@ -89,3 +89,35 @@ def test_a_participation_sits_out_when_paused_or_when_its_schedule_says_so_askin
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
     assert len(asked) == 2
+
+
+async def test_run_status_tells_an_unknown_run_from_one_this_node_has_not_joined(tmp_path):
+    """Issue #37: `run status` of a mistyped ID said "this node has not joined run ..." as if the run
+    existed. An unknown run is "no such run"; a run this node knows (looked up, browsed) but never
+    joined says how to join it; text that is no run ID stays a bad parameter."""
+    import pytest
+
+    from locomesh.node.rounds.service import NOT_JOINED
+    from locomesh.node.rpc.dispatch import INVALID_PARAMS, RpcError
+    from locomesh.node.runs.registry import RUN_NOT_FOUND, RunRegistryService
+    from locomesh.protocol.runs import format_run_id, run_id, sign_manifest
+
+    registry = RunRegistryService(tmp_path)
+    service = RoundService(registry, None, None)
+    manifest = sign_manifest(A, task="synthetic-lm", created=1_700_000_000)
+    full = format_run_id(run_id(manifest))
+
+    async def refusal(text: str) -> RpcError:
+        with pytest.raises(RpcError) as refused:
+            await service._rpc_status(text)
+        return refused.value
+
+    unknown = await refusal(full)
+    assert unknown.code == RUN_NOT_FOUND and unknown.message.startswith(f"no such run: this node knows no run {full}")
+    assert (await refusal(full[:16])).message.startswith("no such run: no run this node knows starts with")
+    registry.store.add(manifest, "seen")  # `run info` looked it up
+    for text in (full, full[:16]):
+        known = await refusal(text)
+        assert known.code == NOT_JOINED and known.message == (
+            f"this node has not joined run {full[:16]}; join it with: locomesh run join {full}")
+    assert (await refusal("not-a-run-id")).code == INVALID_PARAMS

@@ -230,6 +230,13 @@ def test_the_command_exits_0_for_an_honest_run_and_1_for_a_forged_one(honest, fo
     assert lines[0].startswith("round    2: MISMATCH") and "0 ok, 1 mismatch, 0 missing" in lines[-1]
 
 
+def test_the_command_takes_the_short_id_run_list_prints(honest, capsys):
+    """Issue #37: every ID the CLI prints must be taken; `run list` prints 16 characters."""
+    short = format_run_id(honest.run_id)[:16]
+    assert main(["run", "audit", short, "--data-dir", str(honest.data_dir), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["run_id"] == format_run_id(honest.run_id)
+
+
 def test_the_command_refuses_a_bad_range_and_an_unknown_run(tmp_path, capsys):
     run_id = format_run_id(b"\x01" * 32)
     assert main(["run", "audit", run_id, "--data-dir", str(tmp_path), "--from", "0"]) == 2

@@ -273,7 +273,7 @@ class DirectoryDiscovery:
         value = self.cards.get(peer)
         return None if value is None else validate(records.cards_key(peer), value, now=NOW)
 
-    async def find_run(self, run: bytes):
+    async def find_run(self, run: bytes, **_options):
         manifest = self.manifests.get(run)
         return None if manifest is None else (manifest, decode(manifest))
 
@@ -396,6 +396,54 @@ async def test_run_browse_refuses_bad_parameters(tmp_path):
     assert (await service._rpc_browse(task="synthetic-lm"))["runs"] == []
 
 
+def one_run_directory() -> tuple[DirectoryDiscovery, bytes]:
+    """A directory that lists one public run, whose creator keeps its card; and its manifest."""
+    creator = identity(40)
+    manifest = make_run(creator, name="listed")[0]
+    run = run_id(manifest)
+    cards = {creator.peer_id: cards_record(creator, [card(run, name="listed", created=decode(manifest).body["created"])])}
+    key = records.directory_key(NOW // records.DIRECTORY_EPOCH, records.directory_shard(run))
+    return DirectoryDiscovery({key: [creator.peer_id], records.run_key(run): [creator.peer_id]}, cards,
+                              {run: manifest}), manifest
+
+
+async def test_the_short_id_browse_prints_is_taken_by_join_and_info_on_a_node_that_knew_no_run(tmp_path):
+    """Issue #37: `run browse` prints 16-character IDs, and a node that knew no run refused them. A
+    node takes them whether it browsed (it remembers what the directory listed) or not (it looks
+    the prefix up in the directory, as browse does)."""
+    from locomesh.cli.run_browse import format_listings
+    from locomesh.node.rounds.service import RoundService
+    from locomesh.node.rpc.dispatch import RpcError
+    from locomesh.node.runs.registry import RUN_NOT_FOUND, RunRegistryService
+    from locomesh.protocol.runs import format_run_id
+
+    discovery, manifest = one_run_directory()
+    full = format_run_id(run_id(manifest))
+    browser, fresh, asker = (RunRegistryService(tmp_path / name) for name in ("browser", "fresh", "asker"))
+    for registry in (browser, fresh, asker):
+        registry.discovery = discovery
+    listed = await browser._rpc_browse()
+    short = listed["runs"][0]["short_id"]
+    assert len(short) == 16 and short in format_listings(listed)
+
+    joined: list[bytes] = []
+
+    async def join(manifest: bytes) -> int:  # what the participation would do, here: nothing
+        joined.append(manifest)
+        return 1
+
+    for registry in (browser, fresh):
+        rounds = RoundService(registry, None, None)
+        rounds.join = join
+        assert await rounds._rpc_join(short) == {"run_id": full, "joins_at": 1}
+    assert joined == [manifest, manifest]
+    assert (await asker._rpc_info(short))["run_id"] == full
+    with pytest.raises(RpcError) as refused:
+        await RoundService(asker, None, None)._rpc_join("abcdefgh")
+    assert refused.value.code == RUN_NOT_FOUND and refused.value.message.startswith(
+        "no such run: no run this node knows or the directory of public runs lists starts with 'abcdefgh'")
+
+
 # --- two daemons ------------------------------------------------------------------------------------
 
 
@@ -439,6 +487,8 @@ def test_a_daemon_that_knows_no_run_id_finds_a_public_run_by_browsing(tmp_path):
             assert json.loads(locomesh(browser, "run", "browse", "--task", "llama", "--json").stdout)["runs"] == []
             table = locomesh(browser, "run", "browse")
             assert table.returncode == 0 and entry["short_id"] in table.stdout and f"run join {run}" in table.stdout
+            joined = locomesh(browser, "run", "join", entry["short_id"], "--no-follow", "--json")  # issue #37
+            assert joined.returncode == 0 and json.loads(joined.stdout)["run_id"] == run, joined.stderr
         finally:
             for daemon in daemons:
                 daemon.stop()

@@ -162,3 +162,23 @@ def test_entry_point_task(tmp_path, monkeypatch):
 def test_bad_names_and_configs_raise_task_error(name, config, message):
     with pytest.raises(TaskError, match=message):
         get_task(name, config)
+
+
+@pytest.mark.parametrize("setting, closest", [("lr", "did you mean 'inner_lr' or 'outer_lr'? "),
+                                              ("inner_step", "did you mean 'inner_steps'? "),
+                                              ("alphabt", "did you mean 'alphabet'? "),
+                                              ("colour", "")])
+def test_an_unknown_setting_of_run_create_lists_run_and_task_settings_and_the_closest(setting, closest):
+    """Issue #37: `run create --set lr=nan` answered "unknown config key" with the task's keys only,
+    as if the run had no settings of its own: the keys `run create` does not know as run settings go
+    to the task, so its refusal must name both kinds, and the closest first."""
+    from locomesh.node.runs.registry import split_settings
+    from locomesh.training.run_settings import RunSettingsError, check_run_settings
+
+    hparams, task_config = split_settings({setting: float("nan")})
+    with pytest.raises(RunSettingsError) as refused:
+        check_run_settings("synthetic-lm", task_config, hparams)
+    message = str(refused.value)
+    assert message.startswith(f"unknown setting {setting!r}: {closest}(run settings: inner_steps, ")
+    assert message.endswith("task 'synthetic-lm' settings: alphabet, concentration, context, d_model, eval_sequences, "
+                            "n_head, n_layer, order, source_seed)")

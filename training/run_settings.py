@@ -168,7 +168,7 @@ class RoundSettings:
     max_update_norm: float | None = None
     byzantine_fraction: float = 0.2
     # "allgather" until a member that crashes after its commit cannot cost a sharded round its
-    # deadline (README, "Sharded exchange": known limits); "auto" and "sharded" are there to choose.
+    # deadline (docs/design-notes.md, "Sharded exchange": known limits); "auto" and "sharded" are there to choose.
     exchange: str = "allgather"
     shard_values: int = DEFAULT_SHARD_VALUES
     round_deadline_s: float = 600.0
@@ -212,16 +212,38 @@ def default_hparams() -> dict[str, Any]:
 
 def check_task(name: Any, config: Any) -> Any:
     """The task `name` built with `config` (the check that a peer can train it), or `RunSettingsError`."""
-    from .tasks import TaskError, get_task  # torch: only when a task is checked
+    from .tasks import TaskError, UnknownConfigKey, get_task  # torch: only when a task is checked
 
     if not isinstance(name, str) or not name:
         raise RunSettingsError("the task must be a name")
     try:
         return get_task(name, config)
+    except UnknownConfigKey as error:
+        raise RunSettingsError(unknown_setting(error.task, error.key, error.known)) from None
     except TaskError as error:
         raise RunSettingsError(str(error)) from None
     except Exception as error:  # noqa: BLE001 - a user task's entry point is code we do not know
         raise RunSettingsError(f"task {name[:80]!r} could not be built: {type(error).__name__}: {error}") from None
+
+
+def unknown_setting(task: str, key: str, task_keys: list[str]) -> str:
+    """Why `key` is refused, for a person who typed ``--set key=...``: `run create` sends the keys
+    it does not know as run settings to the task, so the task's refusal must list the run's
+    settings too, the closest first."""
+    close = closest_keys(key, [*RULES, *task_keys])
+    hint = f"did you mean {' or '.join(repr(name) for name in close)}? " if close else ""
+    return (f"unknown setting {key[:60]!r}: {hint}(run settings: {', '.join(RULES)}; "
+            f"task {task!r} settings: {', '.join(task_keys)})")
+
+
+def closest_keys(key: str, known: list[str]) -> list[str]:
+    """The known keys `key` was likely meant as: close in spelling (difflib; at 0.7, not its
+    default 0.6, which offers inner_lr for inner_step), or having it as a word ("lr" -> inner_lr,
+    outer_lr); at most three, closest first."""
+    import difflib
+
+    words = [name for name in known if key in name.split("_")]
+    return list(dict.fromkeys([*difflib.get_close_matches(key, known, n=3, cutoff=0.7), *words]))[:3]
 
 
 def check_run_settings(task: Any, task_config: Any, hparams: Mapping[str, Any]) -> tuple[RoundSettings, Any]:

@@ -10,9 +10,13 @@ tokenizer and whichever shards it needs.
 `write_dataset` streams: each shard is written as soon as the next one is full (the first is
 held back until a second exists, so a corpus too small for a dataset leaves nothing behind),
 then the tokenizer, then the index last, so an index that is visible names checkpoints that are
-all there. Everything loaded goes through `load_checkpoint` with the dataset's limits: every
-chunk is checked against its hash, the state against its hash, and a checkpoint that is not what
-the index says it is (size, layout, kind) is refused before anything is allocated for it.
+all there. A pack that fails midway (a bad line, a full disk, Ctrl-C) removes the files it added
+(`store.remove_created`): a dataset is stored whole or not at all, and no orphan shard is left for
+the daemon to announce.
+
+Everything loaded goes through `load_checkpoint` with the dataset's limits: every chunk is checked
+against its hash, the state against its hash, and a checkpoint that is not what the index says it
+is (size, layout, kind) is refused before anything is allocated for it.
 
 Every function blocks on the disk (and hashes); the daemon runs them in a worker thread.
 """
@@ -24,10 +28,11 @@ import itertools
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
-from locomesh.node.transfer.store import load_checkpoint, write_checkpoint
+from locomesh.node.transfer.store import load_checkpoint, remove_created, write_checkpoint
 from locomesh.training.data.index import (
     INDEX_METADATA, INDEX_TENSOR, MAX_NAME, MAX_SHARDS, SHARD_METADATA, TOKENIZER_METADATA, TOKENIZER_TENSOR, TOKENS_TENSOR,
     DatasetError, DatasetIndex, bytes_of, index_limits, index_tensors, read_index, shard_limits, shard_tensors,
@@ -67,28 +72,43 @@ def write_dataset(
 
     Raises `DatasetError` for bad input (a missing or unreadable file, a bad tokenizer or JSON
     line, a corpus too small for two shards, bad arguments), `OSError` if the disk fails.
-    Arguments and files are checked before anything is written; a bad line found later leaves the
-    shards written so far in the store, but no index names them.
+    Arguments and files are checked before anything is written; whatever fails later takes back
+    the files written so far (those that were in the store before stay).
     """
     check_files(files)
     check_holdout(holdout_fraction)
     if len(name) > MAX_NAME:
         raise DatasetError("bad-input", f"a dataset name has at most {MAX_NAME} characters")
     tokenizer = open_tokenizer(tokenizer_path, eos)
-    stream = ShardStream(tokenizer, shard_tokens)
-    shard_ids = _write_shards(directory, stream, stream.shards(documents(files, text_field)))
-    tokenizer_id = write_checkpoint(directory, tokenizer_tensors(tokenizer.raw), dict(TOKENIZER_METADATA)).id
+    created: list[Path] = []
+    try:
+        return _store(directory, ShardStream(tokenizer, shard_tokens), documents(files, text_field), name,
+                      holdout_fraction, created)
+    except BaseException:
+        remove_created(created)
+        raise
+
+
+def _store(directory: str | os.PathLike, stream: ShardStream, docs: Iterator[str], name: str, holdout_fraction: float,
+           created: list[Path]) -> PackedDataset:
+    """Write the shards of `docs`, the tokenizer and the index; every file added goes in `created`."""
+    tokenizer, shard_tokens = stream.tokenizer, stream.shard_tokens
+    shard_ids = _write_shards(directory, stream, stream.shards(docs), created)
+    tokenizer_id = write_checkpoint(directory, tokenizer_tensors(tokenizer.raw), dict(TOKENIZER_METADATA),
+                                    created=created).id
     held = heldout_count(len(shard_ids), holdout_fraction)
     index = DatasetIndex(
         name=name, tokenizer=tokenizer_id, tokenizer_hash=tokenizer.hash, vocab_size=tokenizer.vocab_size,
         eos_id=tokenizer.eos_id, shard_tokens=shard_tokens, dtype=tokenizer.dtype, train=shard_ids[:-held],
         heldout=shard_ids[-held:], tokens=shard_tokens * len(shard_ids),
     )
-    dataset_id = write_checkpoint(directory, index_tensors(index), dict(INDEX_METADATA)).id
+    dataset_id = write_checkpoint(directory, index_tensors(index), dict(INDEX_METADATA), created=created).id
     return PackedDataset(dataset_id, index, stream.documents, stream.dropped)
 
 
-def _write_shards(directory: str | os.PathLike, stream: ShardStream, shards: Iterator[np.ndarray]) -> list[bytes]:
+def _write_shards(
+    directory: str | os.PathLike, stream: ShardStream, shards: Iterator[np.ndarray], created: list[Path]
+) -> list[bytes]:
     """Store every shard of `shards`; their checkpoint IDs in order. Nothing is stored unless
     there are at least two (one to train on, one held out)."""
     first, second = next(shards, None), next(shards, None)
@@ -102,7 +122,8 @@ def _write_shards(directory: str | os.PathLike, stream: ShardStream, shards: Ite
     for tokens in itertools.chain((first, second), shards):  # each written as it comes, never held with the others
         if len(ids) == MAX_SHARDS:
             raise DatasetError("bad-input", f"over {MAX_SHARDS} shards of {stream.shard_tokens}: use a larger --shard-tokens")
-        ids.append(write_checkpoint(directory, shard_tensors(tokens, stream.tokenizer.dtype), dict(SHARD_METADATA)).id)
+        tensors = shard_tensors(tokens, stream.tokenizer.dtype)
+        ids.append(write_checkpoint(directory, tensors, dict(SHARD_METADATA), created=created).id)
     return ids
 
 

@@ -8,9 +8,10 @@
   few of them, and whether this machine would finish a round within the run's deadline;
 - `service`: the ``node.doctor`` RPC method that gathers them.
 
-Every check is a `Check`: a name, ``ok``/``warn``/``fail``, what was found, and the fix.
+Every check is a `Check`: a name, ``ok``/``warn``/``fail``, what was found, and the fix. A check
+that stops the node from taking part fails; one that warns leaves it able to (`checks.verdict`).
 """
 
-from .checks import FAIL, OK, WARN, Check
+from .checks import FAIL, OK, WARN, Check, takes_part, verdict
 
-__all__ = ["FAIL", "OK", "WARN", "Check"]
+__all__ = ["FAIL", "OK", "WARN", "Check", "takes_part", "verdict"]

@@ -16,7 +16,7 @@ import trio
 from multiaddr import Multiaddr
 
 from locomesh.node.bootstrap import _describe as describe_dial_error  # the bootstrap loop's own words
-from locomesh.node.nat.addresses import tcp_endpoint
+from locomesh.node.addresses import tcp_endpoint
 from locomesh.node.runtime import DialError, Node
 
 from .checks import Check, fail, ok, warn
@@ -47,12 +47,15 @@ async def bootstrap_dials(node: Node) -> dict[str, str]:
 
 
 def network_checks(status: Mapping[str, Any], dials: Mapping[str, str]) -> list[Check]:
-    """Every network check from `status` (`Node.status()`) and the fresh bootstrap `dials`."""
+    """Every network check from `status` (`Node.status()`, taken after the fresh bootstrap `dials`, so
+    its counts of connected peers include the dials that worked)."""
     reach = status.get("reachability")
-    checks = [bootstrap_check(status.get("bootstrap") or {}, dials, int(status.get("peers_connected") or 0))]
+    peers = int(status.get("peers_connected") or 0)
+    checks = [bootstrap_check(status.get("bootstrap") or {}, dials, peers)]
     if isinstance(reach, dict):
-        checks.append(reachability_check(reach))
-        checks.append(nat_behaviour_check(reach, status.get("listen_addrs") or [], status.get("observed_addrs") or []))
+        checks.append(reachability_check(reach, peers))
+        checks.append(nat_behaviour_check(reach, status.get("listen_addrs") or [], status.get("observed_addrs") or [],
+                                          peers))
     mapping = status.get("port_mapping")
     if isinstance(mapping, dict):
         checks.append(port_mapping_check(mapping, status.get("listen_addrs") or []))
@@ -67,14 +70,17 @@ def bootstrap_check(bootstrap: Mapping[str, int], dials: Mapping[str, str], peer
     if configured == 0:
         if peers:
             return ok("bootstrap", f"no bootstrap peers configured; connected to {peers} peer(s) that found this node")
-        return warn("bootstrap", "no bootstrap peers configured, and no peer is connected: this node cannot find "
+        # A fail, not a warning: alone, the node trains with no one until some peer connects to it.
+        return fail("bootstrap", "no bootstrap peers configured, and no peer is connected: this node cannot find "
                     "anyone", "start the node with --bootstrap /ip4/ADDRESS/tcp/PORT/p2p/PEER_ID (ask the run's "
-                    "creator for an address), or set bootstrap in config.toml")
-    now_working = sum(1 for error in dials.values() if not error)
-    connected = int(bootstrap.get("connected") or 0) + now_working
+                    "creator for an address), or set bootstrap in config.toml; on the first node of a new network, "
+                    "start the others with --bootstrap set to one of this node's addresses (`locomesh status` "
+                    "lists them)")
+    connected = int(bootstrap.get("connected") or 0)  # the dials that worked are connected by now
     failures = [f"{address}: {_cause(error)}" for address, error in dials.items() if error]
     if connected == 0:
-        return fail("bootstrap", f"0/{configured} bootstrap peers reachable ({'; '.join(failures)})",
+        causes = f" ({'; '.join(failures)})" if failures else ""
+        return fail("bootstrap", f"0/{configured} bootstrap peers reachable{causes}",
                     "check that each address and its peer ID are right (the peer ID is the last part, after "
                     "/p2p/), that the bootstrap node is running, and that your network lets this machine make "
                     "outgoing TCP connections to it")
@@ -96,7 +102,7 @@ def _cause(error: str) -> str:
     return error
 
 
-def reachability_check(reach: Mapping[str, Any]) -> Check:
+def reachability_check(reach: Mapping[str, Any], peers: int) -> Check:
     verdict = reach.get("verdict")
     confirmed = ", ".join(reach.get("confirmed_addrs") or [])
     if verdict == "public":
@@ -109,11 +115,15 @@ def reachability_check(reach: Mapping[str, Any]) -> Check:
                     "for direct connections, let the router map the port (UPnP or NAT-PMP on), or forward the "
                     "node's TCP port to this machine by hand")
     pending = reach.get("probes_pending", 0)
-    return warn("reachability", f"not known yet: no dial-back has decided ({pending} pending, {len(evidence)} "
-                "finished)", "wait a minute after start; the check needs a few connected peers to help")
+    found = f"not known yet: no dial-back has decided ({pending} pending, {len(evidence)} finished)"
+    if not peers:
+        return warn("reachability", found, "connect to peers first (see the bootstrap check): a few of them must "
+                    "dial this node back")
+    return warn("reachability", found, f"wait a minute after start: the {peers} connected peer(s) are asked to "
+                "dial this node back")
 
 
-def nat_behaviour_check(reach: Mapping[str, Any], listen: list[str], observed: list[str]) -> Check:
+def nat_behaviour_check(reach: Mapping[str, Any], listen: list[str], observed: list[str], peers: int) -> Check:
     """How the NAT in front of us maps our port, from the addresses peers saw us at (Identify) and
     the dial-back evidence: endpoint-dependent mappings (a new port per destination) defeat hole
     punching, so such a node lives on relays."""
@@ -122,8 +132,7 @@ def nat_behaviour_check(reach: Mapping[str, Any], listen: list[str], observed: l
     listen_ports = {endpoint[1] for endpoint in map(tcp_endpoint, listen) if endpoint}
     seen = [endpoint for endpoint in map(tcp_endpoint, observed) if endpoint]
     if not seen:
-        return warn("NAT", "not known yet: no peer has told this node the address it sees it at",
-                    "connect to a bootstrap peer; the answer comes with the first connections")
+        return _nat_not_known(peers)
     by_ip: dict[str, set[int]] = {}
     for ip, port in seen:
         by_ip.setdefault(ip, set()).add(port)
@@ -135,6 +144,17 @@ def nat_behaviour_check(reach: Mapping[str, Any], listen: list[str], observed: l
     kept = "keeps the port" if ports & listen_ports else "changes the port"
     return ok("NAT", f"endpoint-independent mapping that {kept} (seen at {', '.join(sorted(by_ip))}): hole "
               "punching can work")
+
+
+def _nat_not_known(peers: int) -> Check:
+    """No peer told us an address other than our own; the fix depends on whether any is connected."""
+    if not peers:
+        return warn("NAT", "not known yet: no peer is connected to tell this node the address it sees it at",
+                    "connect to peers first (see the bootstrap check): the answer comes with the first connections")
+    # Peers on this node's own network see it at an address it listens on: no NAT between them.
+    return warn("NAT", f"not known yet: none of the {peers} connected peer(s) sees this node at an address other "
+                "than the ones it listens on", "nothing to do if they are on this node's own network; otherwise "
+                "wait a minute: peers tell the address they see with their first messages")
 
 
 def port_mapping_check(mapping: Mapping[str, Any], listen: list[str]) -> Check:

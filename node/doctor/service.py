@@ -3,7 +3,7 @@
     node.doctor(run_id=None) -> {"ok": bool, "checks": [{name, status, detail, fix}], "facts": {...}}
 
 Without a run: the network checks (`network.py`). With one: those and the run's (`run_checks.py`).
-`ok` is false when any check failed: the node cannot take part until that is fixed. The service
+`ok` is false when any check failed: the node cannot take part until that is fixed (`checks.takes_part`). The service
 also answers the bounded bandwidth probe (`probe.py`) that other nodes' doctors send, the members
 of the runs it holds first.
 
@@ -21,7 +21,7 @@ import trio
 from locomesh.node.rpc.dispatch import RpcError
 from locomesh.node.runtime import Node
 
-from .checks import FAIL
+from .checks import takes_part
 from .network import bootstrap_dials, network_checks
 from .probe import ProbeServer
 from .run_checks import Offload, RunDoctor
@@ -68,5 +68,5 @@ class DoctorService:
                                          memory_limit=self.memory_limit, offload=self.offload).check(run_id)
                 checks.extend(report.checks)
                 facts["run"] = report.facts
-        return {"ok": all(check.status != FAIL for check in checks), "checks": [c.as_dict() for c in checks],
+        return {"ok": takes_part(checks), "checks": [c.as_dict() for c in checks],
                 "facts": facts, "status": status}

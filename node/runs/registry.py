@@ -13,6 +13,12 @@ A node service (see `locomesh.node.service`) that owns the node's `Discovery`
     run.browse(task=None, limit=50) -> {"runs": [listing], "keepers_found", ...}: the directory
         of public runs, found without any run ID (node/runs/directory.py)
 
+A run ID in any method (here and in node/rounds/service.py) is the full one or its start, as `run
+list` and `run browse` print it (`resolve`): resolved among the runs the node holds and those its
+browses listed (kept in memory, the newest `MAX_LISTED`), and, for ``run.info`` and ``run.join``,
+in the directory of public runs, browsed for it. A start of no run found is RUN_NOT_FOUND ("no
+such run").
+
 On start it loads the stored runs, starts the DHT, and, once the routing
 table holds a peer, republishes every public run it created or joined and
 its own peer record. Given the node's replicas, it keeps the cards of the
@@ -33,7 +39,7 @@ import trio
 from locomesh.crdt import Replica
 from locomesh.dht.discovery import Discovery, DiscoveryError
 from locomesh.protocol import ProtocolError
-from locomesh.protocol.runs import format_run_id, parse_run_id, short_run_id, sign_manifest
+from locomesh.protocol.runs import format_run_id, parse_run_id, run_id_prefix, short_run_id, sign_manifest
 
 from locomesh.training.run_settings import RULES, RunSettingsError, check_run_settings, default_hparams
 
@@ -41,16 +47,17 @@ from locomesh.node.datadir import CHECKPOINT_DIR
 from locomesh.node.datasets.creation import check_local_dataset, store_initial_weights
 from locomesh.node.rpc.dispatch import RpcError
 from locomesh.node.runs.cards import CardPublisher, Offload
-from locomesh.node.runs.directory import MAX_LIMIT, browse
+from locomesh.node.runs.directory import MAX_LIMIT, BrowseResult, browse
 from locomesh.node.runs.store import KnownRun, RunStore
 from locomesh.node.runtime import Node
 
 logger = logging.getLogger(__name__)
 
-# The settings a new run starts from (DESIGN.md, "Runs"), as `training.run_settings` defines and checks them.
+# The settings a new run starts from (docs/architecture.md, "Runs"), as `training.run_settings` defines and checks them.
 DEFAULT_HPARAMS: dict[str, Any] = default_hparams()
 RUN_NOT_FOUND = -32004
 BAD_RUN = -32006  # a run whose settings or task `check_run_settings` refuses (run.create, run.join)
+MAX_LISTED = 1000  # run IDs remembered from `run browse` (the newest): browse prints short IDs, which must resolve
 
 
 class RunRegistryService:
@@ -70,6 +77,7 @@ class RunRegistryService:
         self._offload = offload
         self._clock = clock  # records' dates: the wall clock (the simulator's virtual one)
         self._node: Node | None = None
+        self._listed: dict[bytes, None] = {}  # the runs the directory listed here, oldest first
 
     async def run(self, node: Node, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         self._node = node
@@ -108,6 +116,67 @@ class RunRegistryService:
         except (DiscoveryError, ProtocolError) as error:
             logger.warning("publishing run %s failed: %s", short_run_id(run.run_id), error)
             return False
+
+    # --- run IDs --------------------------------------------------------------------------
+
+    def known_ids(self) -> list[bytes]:
+        """The runs whose short IDs this node resolves: those it holds a manifest of, then those a
+        `run browse` here listed (browse prints short IDs; `run join` must take them)."""
+        return [*(run.run_id for run in self.store.runs()), *self._listed]
+
+    def knows(self, run_id: bytes) -> bool:
+        return self.store.get(run_id) is not None or run_id in self._listed
+
+    async def resolve(self, run_id: Any, *, look_up: bool = False) -> bytes:
+        """The run `run_id` names: a full ID (base32 or hex), or a prefix of one this node knows
+        (`known_ids`). With `look_up`, a prefix it knows nothing of is looked for in the directory
+        of public runs, as `run browse` lists them: a short ID printed by another node's browse
+        works here too. `RpcError`: invalid params for text that is no ID (or an ambiguous
+        prefix), RUN_NOT_FOUND for a prefix of no run found."""
+        if not isinstance(run_id, str):
+            raise RpcError.invalid_params("run_id must be a string")
+        prefix = run_id_prefix(run_id)
+        if prefix is not None and not self._matches(prefix):
+            if look_up:
+                await self._browse_directory()
+            if not self._matches(prefix):
+                raise RpcError(RUN_NOT_FOUND, _no_run_starts_with(prefix, looked_up=look_up))
+        try:
+            return parse_run_id(run_id, self.known_ids())
+        except ProtocolError as error:
+            raise RpcError.invalid_params(error.reason) from None
+
+    def _matches(self, prefix: str) -> bool:
+        return any(format_run_id(run).startswith(prefix) for run in self.known_ids())
+
+    async def _browse_directory(self) -> None:
+        """List the directory's public runs, so that their short IDs resolve."""
+        assert self.discovery is not None
+        self._remember_listed(await browse(self.discovery, limit=MAX_LIMIT))
+
+    def _remember_listed(self, result: BrowseResult) -> None:
+        for listing in result.listings:
+            self._listed.pop(listing.run_id, None)  # to the end: the newest are kept
+            self._listed[listing.run_id] = None
+        while len(self._listed) > MAX_LISTED:
+            del self._listed[next(iter(self._listed))]
+
+    async def find(self, run_id: bytes, *, refresh: bool = False) -> tuple[KnownRun, str]:
+        """The run `run_id` and where its manifest came from: "local" if this node holds it, else
+        "dht" (then kept as "seen"); with `refresh`, only another peer's copy in the DHT counts.
+        `RpcError` RUN_NOT_FOUND if nobody has it, -32000 if the lookup failed."""
+        run = None if refresh else self.store.get(run_id)
+        if run is not None:
+            return run, "local"
+        assert self.discovery is not None
+        try:
+            found = await self.discovery.find_run(run_id, local=not refresh)
+        except DiscoveryError as error:
+            raise RpcError(-32000, f"run lookup failed: {error}") from None
+        if found is None:
+            raise RpcError(RUN_NOT_FOUND, f"no public run {format_run_id(run_id)} found in the DHT (only a run "
+                                          "created with --public is published; a private one is found through its members)")
+        return self.store.add(found[0], "seen"), "dht"
 
     # --- RPC ------------------------------------------------------------------------------
 
@@ -158,24 +227,9 @@ class RunRegistryService:
         """A run's manifest: ours if we know the run, else from the DHT; `refresh` asks the DHT
         whatever we hold, and takes only another peer's copy."""
         assert self.discovery is not None
-        if not isinstance(run_id, str):
-            raise RpcError.invalid_params("run_id must be a string")
         if not isinstance(refresh, bool):
             raise RpcError.invalid_params("refresh must be true or false")
-        try:
-            raw_id = parse_run_id(run_id, [known.run_id for known in self.store.runs()])
-        except ProtocolError as error:
-            raise RpcError.invalid_params(error.reason) from None
-        run, source = (None if refresh else self.store.get(raw_id)), "local"
-        if run is None:
-            try:
-                found = await self.discovery.find_run(raw_id, local=not refresh)
-            except DiscoveryError as error:
-                raise RpcError(-32000, f"run lookup failed: {error}") from None
-            if found is None:
-                raise RpcError(RUN_NOT_FOUND, f"no public run {run_id} found in the DHT (only a run created "
-                                              "with --public is published; a private one is found through its members)")
-            run, source = self.store.add(found[0], "seen"), "dht"
+        run, source = await self.find(await self.resolve(run_id, look_up=True), refresh=refresh)
         return {**summary(run), "source": source, "manifest": _jsonable(run.envelope.body)}
 
     async def _rpc_browse(self, task: str | None = None, limit: int = 50) -> dict[str, Any]:
@@ -185,7 +239,9 @@ class RunRegistryService:
             raise RpcError.invalid_params("task must be a task name")
         if isinstance(limit, bool) or not isinstance(limit, int) or not 0 < limit <= MAX_LIMIT:
             raise RpcError.invalid_params(f"limit must be an integer from 1 to {MAX_LIMIT}")
-        return (await browse(self.discovery, task=task, limit=limit)).as_json()
+        result = await browse(self.discovery, task=task, limit=limit)
+        self._remember_listed(result)
+        return result.as_json()
 
 
 def summary(run: KnownRun) -> dict[str, Any]:
@@ -201,6 +257,12 @@ def summary(run: KnownRun) -> dict[str, Any]:
         "creator": run.envelope.author_peer_id,
         "origin": run.origin,
     }
+
+
+def _no_run_starts_with(prefix: str, *, looked_up: bool) -> str:
+    where = "this node knows or the directory of public runs lists" if looked_up else "this node knows"
+    return (f"no such run: no run {where} starts with {prefix!r} (`locomesh run list` shows the runs this node "
+            "knows, `locomesh run browse` the public ones; a private run's full ID comes from its creator)")
 
 
 def split_settings(settings: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:

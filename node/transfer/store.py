@@ -10,7 +10,9 @@ directory (the data dir's ``checkpoints/``):
 
 Every file is written atomically (temporary file, fsync, rename), chunks before
 the manifest, so a manifest that is visible names chunks that are there.
-Chunks are shared between checkpoints that have them in common.
+Chunks are shared between checkpoints that have them in common. A writer of several checkpoints
+that form one whole (a dataset) passes a `created` list, which gets the path of each file it added,
+and on failure takes them back with `remove_created`.
 
 Memory: writing holds one chunk at a time besides the caller's tensors; loading
 holds one buffer the size of the state, and the returned tensors are views into
@@ -83,6 +85,7 @@ def write_checkpoint(
     *,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     level: int = COMPRESSION_LEVEL,
+    created: list[Path] | None = None,
 ) -> Manifest:
     """Write `tensors` and `metadata` as a checkpoint under `directory`; return its manifest.
 
@@ -93,17 +96,19 @@ def write_checkpoint(
     `CheckpointError` for a state the format cannot hold, `OSError` if the disk
     fails; either way no partial file is left visible. `level` is the zstd level of
     the chunks (`FAST_LEVEL` for a state written every round: same format, no
-    compression work).
+    compression work). `created`, if given, gets the path of every file added (not of those that
+    were there already), in the order written.
     """
-    return write_chunks(directory, chunk_state(tensors, metadata, chunk_size=chunk_size, level=level))
+    return write_chunks(directory, chunk_state(tensors, metadata, chunk_size=chunk_size, level=level), created)
 
 
-def write_chunks(directory: str | os.PathLike, chunks: StateChunks) -> Manifest:
-    """Store every chunk of `chunks` as it is made, then its manifest; return the manifest."""
+def write_chunks(directory: str | os.PathLike, chunks: StateChunks, created: list[Path] | None = None) -> Manifest:
+    """Store every chunk of `chunks` as it is made, then its manifest; return the manifest.
+    `created`: as `write_checkpoint`."""
     for ref, frame in chunks:
-        _store_frame(chunk_path(directory, ref.hash), frame, ref.hash)
+        _store_frame(chunk_path(directory, ref.hash), frame, ref.hash, created)
     manifest = chunks.manifest()
-    install_manifest(directory, manifest)
+    install_manifest(directory, manifest, created)
     return manifest
 
 
@@ -115,20 +120,41 @@ def write_frames(directory: str | os.PathLike, manifest: Manifest, frames: list[
     install_manifest(directory, manifest)
 
 
-def install_manifest(directory: str | os.PathLike, manifest: Manifest) -> None:
+def install_manifest(directory: str | os.PathLike, manifest: Manifest, created: list[Path] | None = None) -> None:
     """Write `manifest` (atomically): from then on its checkpoint can be loaded and is served, so
-    every chunk it names must be stored already."""
-    atomic_write(manifest_path(directory, manifest.id), manifest.encode())
+    every chunk it names must be stored already. `created`: as `write_checkpoint`."""
+    path = manifest_path(directory, manifest.id)
+    _write_new(path, manifest.encode(), created, existed=path.exists())
 
 
-def _store_frame(path: Path, frame: bytes, digest: bytes) -> None:
+def _store_frame(path: Path, frame: bytes, digest: bytes, created: list[Path] | None = None) -> None:
     """Write a chunk unless the same bytes are already there (a damaged copy is replaced)."""
     try:
         if path.stat().st_size == len(frame) and hashlib.sha256(path.read_bytes()).digest() == digest:
             return
+        existed = True
     except FileNotFoundError:
-        pass
-    atomic_write(path, frame)
+        existed = False
+    _write_new(path, frame, created, existed=existed)
+
+
+def _write_new(path: Path, data: bytes, created: list[Path] | None, *, existed: bool) -> None:
+    """`atomic_write`, noting `path` in `created` if the file is new: one that was there before
+    belongs to other checkpoints too, and must outlive a failed writer's clean-up."""
+    atomic_write(path, data)
+    if created is not None and not existed:
+        created.append(path)
+
+
+def remove_created(created: list[Path]) -> None:
+    """Delete the files a failed writer added (its `created`), newest first: a manifest before its
+    chunks, so a manifest still visible names chunks that are there. Best effort: it runs while
+    another error is on its way to the user, which it must not hide."""
+    for path in reversed(created):
+        try:
+            path.unlink(missing_ok=True)
+        except OSError:
+            pass
 
 
 # --- chunks from the network ------------------------------------------------------------------

@@ -12,7 +12,7 @@ import importlib
 from collections.abc import Mapping
 from typing import Any
 
-from .base import Task, TaskError
+from .base import Task, TaskError, UnknownConfigKey
 from .markov import MarkovSource
 from .synthetic import SyntheticLM
 from .text import TextLM
@@ -28,7 +28,7 @@ def _llama(config: Mapping[str, Any] | None) -> Task:
 
 BUILTIN_TASKS = {SyntheticLM.name: SyntheticLM, TextLM.name: TextLM, "llama": _llama}
 
-__all__ = ["DEFAULT_TASK", "MarkovSource", "SyntheticLM", "Task", "TaskError", "TextLM", "get_task"]
+__all__ = ["DEFAULT_TASK", "MarkovSource", "SyntheticLM", "Task", "TaskError", "TextLM", "UnknownConfigKey", "get_task"]
 
 
 def get_task(name: str = DEFAULT_TASK, config: Mapping[str, Any] | None = None) -> Task:

@@ -21,6 +21,16 @@ class TaskError(ValueError):
     """A task name, entry point or config that cannot be used; the message says why."""
 
 
+class UnknownConfigKey(TaskError):
+    """A config key the task does not know. It keeps the key and the task's keys, so that `run
+    create` can list them beside the run's own settings and suggest the closest
+    (training/run_settings.py)."""
+
+    def __init__(self, task: str, key: str, known: list[str]) -> None:
+        super().__init__(f"task {task!r}: unknown config key {key!r} (known: {known})")
+        self.task, self.key, self.known = task, key, known
+
+
 @runtime_checkable
 class Task(Protocol):
     name: str
@@ -49,7 +59,7 @@ def read_config(name: str, config: Mapping[str, Any] | None, defaults: Mapping[s
     merged = dict(defaults)
     for key, value in (config or {}).items():
         if key not in defaults:
-            raise TaskError(f"task {name!r}: unknown config key {key!r} (known: {sorted(defaults)})")
+            raise UnknownConfigKey(name, key, sorted(defaults))
         merged[key] = _checked(name, key, value, type(defaults[key]))
     return merged
 

@@ -33,7 +33,7 @@ from torch import nn
 
 from ..llama.hf import expected_layout, export_files
 from ..llama.model import LLAMA_PRESETS, Llama, LlamaConfig
-from .base import TaskError, held_out_loss, seeded_build, seeded_rng
+from .base import TaskError, UnknownConfigKey, held_out_loss, seeded_build, seeded_rng
 from .markov import MarkovSource
 
 _MODEL_KEYS = tuple(field.name for field in fields(LlamaConfig) if field.name != "initializer_range")
@@ -177,7 +177,7 @@ def _read_config(config: dict[str, Any]) -> dict[str, Any]:
     known = {**_TASK_DEFAULTS, **{key: None for key in _MODEL_KEYS}}
     unknown = sorted(set(config) - set(known))
     if unknown:
-        raise TaskError(f"task 'llama': unknown config key {unknown[0]!r} (known: {sorted(known)})")
+        raise UnknownConfigKey("llama", unknown[0], sorted(known))
     merged = {**known, **config}
     for key, default in _TASK_DEFAULTS.items():
         if isinstance(default, bool) != isinstance(merged[key], bool) or not isinstance(merged[key], type(default)):
