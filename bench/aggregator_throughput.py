@@ -25,12 +25,12 @@ import os
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
+import numpy as np
+import torch
 
-from _report import best_of, machine, report  # noqa: E402
-from locomesh.training.aggregators import aggregate  # noqa: E402
-from locomesh.training.codec import decode_row, encode  # noqa: E402
+from _report import best_of, machine, report
+from locomesh.training.aggregators import aggregate
+from locomesh.training.codec import decode_row, encode
 
 
 def cases(k: int, previous: np.ndarray) -> list[tuple[str, str, dict]]:

@@ -19,7 +19,7 @@ the omniscient attacker also picks its scale, and the report gives, per aggregat
 most ("alie worst z"). Why: z_max hides the attackers inside the honest spread, which in this
 setting (6 rounds of a small order-1 task) moves the plain mean by less than its own noise (see
 training/attacks.py), so z_max alone leaves every aggregator, the mean included, close to clean
-(README, Measured figures). ByzFL's optimal ALIE searches the scale per round against the
+(docs/measurements.md). ByzFL's optimal ALIE searches the scale per round against the
 aggregator (Allouah et al. 2023); here one z is held for a whole run and the grid is searched on
 the final loss instead.
 
@@ -28,7 +28,7 @@ included, at f/N ≤ 1/4 and within 2% at 1/3; clean centered_clip within 0.5% o
 mean visibly fails under sign_flip_x100 and under ALIE at its worst z, "visibly" meaning worse than
 the default's tolerance at that f/N (the mean would miss the target the default meets).
 
-    .venv/bin/python bench/byzantine.py            # the full grid (its run time: README, Measured figures)
+    .venv/bin/python bench/byzantine.py            # the full grid (its run time: docs/measurements.md)
     .venv/bin/python bench/byzantine.py --quick    # two attacks, two aggregators, one setting
 """
 
@@ -44,14 +44,14 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _report import machine, markdown_table, report  # noqa: E402
+from _report import machine, markdown_table, report
 
-from locomesh.training import attacks  # noqa: E402
-from locomesh.training.aggregators import AggregatorError  # noqa: E402
-from locomesh.training.diloco import DiLoCoConfig, simulate_diloco  # noqa: E402
-from locomesh.training.inner import InnerConfig  # noqa: E402
-from locomesh.training.scoring import ScoringConfig  # noqa: E402
-from locomesh.training.tasks import get_task  # noqa: E402
+from locomesh.training import attacks
+from locomesh.training.aggregators import AggregatorError
+from locomesh.training.simulation import DiLoCoConfig, simulate_diloco
+from locomesh.training.inner import InnerConfig
+from locomesh.training.scoring import ScoringConfig
+from locomesh.training.tasks import get_task
 
 ATTACKS = ["sign_flip", "sign_flip_x100", "gaussian", "alie", "ipm", "nan", "inf", "zero", "replay",
            "inside_random_0.5", "inside_random_0.95", "inside_random_opt", "inside_against_0.95",
@@ -64,9 +64,13 @@ TASK = {"alphabet": 16, "order": 1, "context": 32, "n_layer": 1, "n_head": 2, "d
         "eval_sequences": 512}
 DEFAULT = "centered_clip"
 # What an aggregator label's "+<lever>" adds to the run: "pm" the momentum aggregated per peer
-# (training/outer.py), "score" contribution scores leaving out the low ones, "wscore" shrinking each
-# contribution by its score over the median (training/scoring.py).
+# (training/outer.py), "score" contribution scores leaving out the low ones (below half the median;
+# "score75": below 0.75 of it), "rep" leaving out authors whose relative scores of their last 4
+# rounds average below 0.9 ("reputation"), "wscore" shrinking each contribution by its score over
+# the median (training/scoring.py).
 LEVERS = {"pm": {"peer_momentum": True}, "score": {"scoring": ScoringConfig(policy="exclude")},
+          "score75": {"scoring": ScoringConfig(policy="exclude", keep_ratio=0.75)},
+          "rep": {"scoring": ScoringConfig(policy="reputation", keep_ratio=0.9)},
           "wscore": {"scoring": ScoringConfig(policy="weight")}}
 ALIE_Z = [1, 2, 4, 8, 16, 32, 64]  # the omniscient attacker's choices of z besides the paper's z_max
 TARGET_PERCENT = {True: 1.0, False: 2.0}  # keyed by f/N <= 1/4

@@ -19,11 +19,11 @@ import os
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
+import numpy as np
+import torch
 
-from _report import best_of, machine, report  # noqa: E402
-from locomesh.training.codec import Encoder, decode  # noqa: E402
+from _report import best_of, machine, report
+from locomesh.training.codec import Encoder, decode
 
 MODES = [("int8", False), ("int8", True), ("int4", False), ("int4", True), ("fp32", False)]
 

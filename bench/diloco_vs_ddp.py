@@ -13,13 +13,13 @@ uses run seed 0) give the one θ0 that every method starts from. Its 12,800 samp
 bytes are the same for every method and are reported in meta["warm_start"], not in the rows.
 Without it (`--warm-steps 0`) DiLoCo's batch-16 workers spend the first 2-3 rounds on the
 initial plateau that DDP's 8× batch leaves at once, and int8 missed its target
-(README, Measured figures).
+(docs/measurements.md).
 
 Targets: DiLoCo int8 within 2% of DDP's eval loss (loss ≤ 1.02 × DDP's) while each worker sends
 ≥ 500× fewer bytes; 4-bit with error feedback within 2% and ≥ 1000× fewer. The bytes reduction
 is about H × 4 / (payload bytes per parameter), so H = 150 is what buys 500× and 1000×.
 
-    .venv/bin/python bench/diloco_vs_ddp.py --jobs 2   # full mode (its run time: README, Measured figures)
+    .venv/bin/python bench/diloco_vs_ddp.py --jobs 2   # full mode (its run time: docs/measurements.md)
     .venv/bin/python bench/diloco_vs_ddp.py --quick    # a smoke run of the same pipeline
 
 Fairness: DDP runs at every lr of `--ddp-lr` (3e-3, 1e-2, 2e-2) and the best one is the
@@ -72,12 +72,12 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _report import machine, report  # noqa: E402
+from _report import machine, report
 
-from locomesh.training.diloco import DDPConfig, DiLoCoConfig, simulate_ddp, simulate_diloco  # noqa: E402
-from locomesh.training.inner import InnerConfig  # noqa: E402
-from locomesh.training.tasks import get_task  # noqa: E402
-from locomesh.training.tasks.base import seeded_rng  # noqa: E402
+from locomesh.training.simulation import DDPConfig, DiLoCoConfig, simulate_ddp, simulate_diloco
+from locomesh.training.inner import InnerConfig
+from locomesh.training.tasks import get_task
+from locomesh.training.tasks.base import seeded_rng
 
 # Per task, the defaults of the flags that default to None. synthetic-lm's are the bench's
 # original ones; llama's fit this CPU (see the module docstring).
@@ -201,7 +201,7 @@ def make_task(args: argparse.Namespace, warm: bool = False):
 
 
 def llama_corpus(args: argparse.Namespace):
-    from _corpus import stdlib_corpus  # noqa: PLC0415 (synthetic-lm runs need no tokenizers)
+    from _corpus import stdlib_corpus  # synthetic-lm runs need no tokenizers
 
     return stdlib_corpus(vocab_size=args.vocab, shard_tokens=args.shard_tokens)
 

@@ -38,11 +38,11 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _corpus import stdlib_corpus  # noqa: E402
-from _report import machine, report  # noqa: E402
+from _corpus import stdlib_corpus
+from _report import machine, report
 
-from locomesh.cli.swarm_cmd import common_round, hashes_at, join_all, start_swarm, stop_swarm, train, wait_connected  # noqa: E402
-from locomesh.node.datadir import CHECKPOINT_DIR  # noqa: E402
+from locomesh.cli.swarm_cmd import common_round, hashes_at, join_all, start_swarm, stop_swarm, train, wait_connected
+from locomesh.node.datadir import CHECKPOINT_DIR
 
 MODEL = {"hidden_size": 128, "intermediate_size": 384, "num_hidden_layers": 2, "num_attention_heads": 4,
          "num_key_value_heads": 2, "tie_word_embeddings": True}
@@ -144,8 +144,9 @@ def main() -> None:
                 line = rows[-1]
                 evals = " ".join("-" if line[f"eval_node{i}"] is None else f"{line[f'eval_node{i}']:.4f}"
                                  for i in range(args.nodes))
+                shards = [line[f"shards_node{i}"].split(":")[0] for i in range(args.nodes)]
                 print(f"round {round_number}: eval {evals}  train {line['train_loss'] or float('nan'):.4f}  "
-                      f"{line['seconds'] or 0:.1f} s  shards {[line[f'shards_node{i}'].split(':')[0] for i in range(args.nodes)]}",
+                      f"{line['seconds'] or 0:.1f} s  shards {shards}",
                       file=sys.stderr, flush=True)
 
             statuses = train(daemons, run_id, args.rounds, timeout=args.rounds * args.deadline + 120, report=show)

@@ -33,9 +33,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # the repository root: the lab is test plumbing (tests/)
 
-from _report import machine, report  # noqa: E402
+from _report import machine, report
 
-from tests.netns_lab import (  # noqa: E402
+from tests.netns_lab import (
     CgnatLab,
     LabTimeout,
     NatLab,

@@ -23,9 +23,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _report import machine, report  # noqa: E402
+from _report import machine, report
 
-from locomesh.netsim.scenarios import checkpoint  # noqa: E402
+from locomesh.netsim.scenarios import checkpoint
 
 
 def main() -> None:

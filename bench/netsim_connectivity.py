@@ -18,8 +18,7 @@ multiaddr/base58 parsing scattered through it), a few percent the simulator,
 and at 1,000 nodes the garbage collector (`netsim.collector` pauses it and
 collects by growth). What each speed-up (`netsim.libp2p_chores`,
 `netsim.wakeups`, `netsim.collector`, memoised parsing in `netsim.transport`
-and `netsim.pex`) saved, and the figures of the last runs: README, Measured
-figures.
+and `netsim.pex`) saved, and the figures of the last runs: docs/measurements.md.
 """
 
 from __future__ import annotations
@@ -36,9 +35,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _report import machine, report  # noqa: E402
+from _report import machine, report
 
-from locomesh.netsim.scenarios import connectivity  # noqa: E402
+from locomesh.netsim.scenarios import connectivity
 
 
 def rss_now_mib() -> float:

@@ -21,9 +21,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _report import machine, report  # noqa: E402
+from _report import machine, report
 
-from locomesh.netsim.scenarios import dht  # noqa: E402
+from locomesh.netsim.scenarios import dht
 
 
 def run_once(nodes: int, seed: int, churn: float, lookups: int) -> dict:

@@ -26,10 +26,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _report import machine, report  # noqa: E402
+from _report import machine, report
 
-from locomesh.netsim.scenarios import nat  # noqa: E402
-from locomesh.netsim.scenarios.nat_report import TARGET_DIRECT_SHARE, TARGET_TO_DIRECT_P90  # noqa: E402
+from locomesh.netsim.scenarios import nat
+from locomesh.netsim.scenarios.nat_report import TARGET_DIRECT_SHARE, TARGET_TO_DIRECT_P90
 
 
 def main() -> None:

@@ -29,17 +29,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _report import machine, report  # noqa: E402
+from _report import machine, report
 
-from locomesh.netsim.scenarios import train  # noqa: E402
+from locomesh.netsim.scenarios import train
 
 
 def default_payload_bytes(seed: int = 0) -> tuple[int, int]:
     """(parameters of the default task's model, bytes of its int8 payload)."""
-    import numpy as np  # noqa: PLC0415 - torch is imported only when the size is not given
+    import numpy as np  # torch is imported only when the size is not given
 
-    from locomesh.training import codec  # noqa: PLC0415
-    from locomesh.training.tasks import get_task  # noqa: PLC0415
+    from locomesh.training import codec
+    from locomesh.training.tasks import get_task
 
     numel = sum(parameter.numel() for parameter in get_task().build_model(seed).parameters())
     pseudo_gradient = (np.random.default_rng(seed).standard_normal(numel) * 1e-3).astype(np.float32)

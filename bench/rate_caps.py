@@ -25,12 +25,12 @@ import trio
 from multiaddr import Multiaddr
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _report import machine, report  # noqa: E402
+from _report import machine, report
 
-from locomesh.node.config import parse_rate  # noqa: E402
-from locomesh.node.runtime import Node  # noqa: E402
-from locomesh.node.transfer.dataplane import DataPlaneServer, open_sealed_stream  # noqa: E402
-from locomesh.protocol import Identity  # noqa: E402
+from locomesh.node.config import parse_rate
+from locomesh.node.runtime import Node
+from locomesh.node.transfer.dataplane import DataPlaneServer, open_sealed_stream
+from locomesh.protocol import Identity
 
 LOOPBACK = [Multiaddr("/ip4/127.0.0.1/tcp/0")]
 SINK_PROTOCOL = "/locomesh-bench/sink/1"

@@ -13,7 +13,7 @@ reports per round (`run.status` history):
 
 Rows give the median over daemons and rounds (round 1 is left out: it includes start-up). The
 target is at most half the time of hivemind 1.1.12's all-reduce (no robust aggregation) for as
-many peers on the same machine (its figures: README, Measured figures).
+many peers on the same machine (its figures: docs/measurements.md).
 
 `--exchange` runs each count once per exchange (node/exchange/): allgather, where every daemon
 fetches every payload, and sharded, where committees aggregate the shards; `exchange` in a row

@@ -32,16 +32,16 @@ from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-import numpy as np  # noqa: E402
+import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _report import machine, report  # noqa: E402
+from _report import machine, report
 
-from locomesh.node.exchange.committees import plan, shard_committees  # noqa: E402
+from locomesh.node.exchange.committees import plan, shard_committees
 
-from locomesh.training.codec import encode, split_payload  # noqa: E402
-from locomesh.training.outer import OuterStep  # noqa: E402
-from locomesh.training.shards import ShardedPayload, ShardLayout, aggregate_shard, check_shard, shard_result_hash  # noqa: E402
+from locomesh.training.codec import encode, split_payload
+from locomesh.training.outer import OuterStep
+from locomesh.training.shards import ShardedPayload, ShardLayout, aggregate_shard, check_shard, shard_result_hash
 
 MB = 1e6
 
@@ -79,7 +79,9 @@ def measure(members: int, args: argparse.Namespace) -> dict:
     chosen = plan(members, byzantine_fraction=args.byzantine_fraction, shards=layout.count)
     committees = shard_committees(1, b"certified hash + proposal", frozenset(authors), layout.count, chosen.committee)
     seats = [s for s, committee in enumerate(committees) if me in committee]
-    checks = random.Random(2).sample([s for s in range(layout.count) if s not in seats], min(chosen.verified, layout.count - len(seats)))
+    checks = random.Random(2).sample(
+        [s for s in range(layout.count) if s not in seats], min(chosen.verified, layout.count - len(seats))
+    )
     published = published_results(theta, previous, layout, sent)
 
     allgather = OuterStep(theta, previous_aggregate=previous)
@@ -113,10 +115,12 @@ def measure(members: int, args: argparse.Namespace) -> dict:
     payload = len(whole_payloads[me])
     mine = set(seats) | set(checks)
     others = [a for a in authors if a != me]
-    down_sharded = sum(len(sent[a].shards[s]) for s in mine for a in others) + sum(4 * layout.size(s) for s in range(layout.count) if s not in mine)
+    down_sharded = (sum(len(sent[a].shards[s]) for s in mine for a in others)
+                    + sum(4 * layout.size(s) for s in range(layout.count) if s not in mine))
     honest = members - chosen.byzantine
     expected_checkers = (honest - 1) * chosen.verified / layout.count
-    up_sharded = sum(len(sent[me].shards[s]) * (len(committees[s]) - (me in committees[s]) + expected_checkers) for s in range(layout.count))
+    up_sharded = sum(len(sent[me].shards[s]) * (len(committees[s]) - (me in committees[s]) + expected_checkers)
+                     for s in range(layout.count))
     up_sharded += sum(4 * layout.size(s) * (members - len(committees[s])) / len(committees[s]) for s in seats)
     return {
         "members": members,

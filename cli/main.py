@@ -28,9 +28,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _subcommand_modules() -> list:
     # Subcommand modules are added here as they are written.
-    from . import data_cmd, doctor_cmd, node_cmd, report_cmd, run_audit, run_browse, run_cmd, run_pause, run_state, sim, status_cmd, swarm_cmd, ui_cmd, watch_cmd
+    from . import (
+        data_cmd, doctor_cmd, node_cmd, report_cmd, run_audit, run_browse, run_cmd, run_pause, run_state, sim, status_cmd,
+        swarm_cmd, ui_cmd, watch_cmd,
+    )
 
-    return [node_cmd, status_cmd, doctor_cmd, swarm_cmd, run_cmd, run_state, run_browse, run_pause, run_audit, watch_cmd, report_cmd, data_cmd, sim, ui_cmd]
+    return [
+        node_cmd, status_cmd, doctor_cmd, swarm_cmd, run_cmd, run_state, run_browse, run_pause, run_audit, watch_cmd,
+        report_cmd, data_cmd, sim, ui_cmd,
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:

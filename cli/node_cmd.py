@@ -38,8 +38,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     start.add_argument("--rpc-port", type=int, metavar="N", help="local RPC port on 127.0.0.1 (0: any free port)")
     start.add_argument("--log-format", choices=("text", "json"), help="log lines on stderr (default: text)")
     start.add_argument("--log-level", choices=("debug", "info", "warning", "error"), help="default: info")
-    start.add_argument("--attack", metavar="NAME", help="test adversary: commit the named attack's payloads instead of "
-                       "its own (e.g. sign_flip_x100; a wrong name is refused with the list of attacks)")
+    # A test adversary (tests and CONTRIBUTING.md): commits the named attack's payloads instead of its
+    # own (`training.adversary`). Not for volunteers, so not in the help.
+    start.add_argument("--attack", metavar="NAME", help=argparse.SUPPRESS)
     start.add_argument(
         "--no-upnp", action="store_true", help="do not ask the home router to forward our port (NAT-PMP, UPnP)"
     )
@@ -145,7 +146,7 @@ def start_daemon(args: argparse.Namespace) -> int:
         return fail(str(error), EXIT_USAGE)
     except ListenError as error:
         return fail(str(error), EXIT_ERROR)
-    except Exception:  # noqa: BLE001 - log it whole, exit non-zero
+    except Exception:  # log it whole, exit non-zero
         logging.getLogger("locomesh.node").exception("the daemon failed")
         return EXIT_ERROR
 

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from .client import EXIT_ERROR, EXIT_OK, DaemonNotRunning, RpcCallError
-from .common import fail
+from .common import fail, plural
 from .daemon_process import DaemonError, DaemonProcess
 
 CONNECT_TIMEOUT = 20.0
@@ -75,17 +75,20 @@ def run_swarm(args: argparse.Namespace) -> int:
         return fail(f"swarm: daemons exited with {codes}", EXIT_ERROR)
     if not same:
         return fail("swarm: the nodes ended with different parameters", EXIT_ERROR)
-    print(f"{len(daemons)} daemons trained {args.rounds} rounds together and stopped cleanly", file=sys.stderr)
+    print(f"{plural(len(daemons), 'daemon')} trained {plural(args.rounds, 'round')} together and stopped cleanly",
+          file=sys.stderr)
     return EXIT_OK
 
 
-def start_swarm(root: Path, count: int, *, log: Any = None, extra_args: dict[int, list[str]] | None = None) -> list[DaemonProcess]:
+def start_swarm(
+    root: Path, count: int, *, log: Any = None, extra_args: dict[int, list[str]] | None = None
+) -> list[DaemonProcess]:
     """Start `count` daemons under `root`; the others bootstrap off the first. Returns once all answer RPC.
 
     `extra_args` maps a node's index to more `node start` flags (a test adversary's `--attack`)."""
     extra_args = extra_args or {}
     # Several daemons share this machine's cores: one torch thread each, or their OpenMP threads
-    # spin against each other and a round of inner steps takes many times longer (README, Measured figures).
+    # spin against each other and a round of inner steps takes many times longer (docs/measurements.md).
     # They dial one another on loopback: a node's dial-backs and punches go there only when allowed.
     env = {**os.environ, "OMP_NUM_THREADS": "1", "LOCOMESH_PRIVATE_ADDRESSES": "on"}
     first = DaemonProcess(root / "node0", log=log, extra_args=extra_args.get(0, ()), env=env).start()
@@ -244,9 +247,11 @@ def print_summary(statuses: list[dict], rounds: int, seconds: float) -> None:
     ddp = statuses[0]["params"] * 4 * statuses[0]["inner_steps"] * len(history)
     hashes = hashes_at(statuses, common_round(statuses, rounds))
     print()
-    print(f"summary: {len(history)} rounds by {peers} daemons in {seconds:.1f} s")
-    print(f"  eval loss      {first['eval_loss']:.4f} after round {first['round']} -> {last['eval_loss']:.4f} after round {last['round']}"
+    print(f"summary: {plural(len(history), 'round')} by {plural(peers, 'daemon')} in {seconds:.1f} s")
+    print(f"  eval loss      {first['eval_loss']:.4f} after round {first['round']} -> "
+          f"{last['eval_loss']:.4f} after round {last['round']}"
           + ("" if last["floor"] is None else f" (entropy floor {last['floor']:.4f})"))
     print(f"  bytes per peer {upload / 1e6:.2f} MB uploaded at most ({sent / 1e6:.2f} MB of payloads), "
           f"data-parallel would send {ddp / 1e6:.1f} MB of fp32 gradients ({ddp / max(upload, 1):.0f}x more)")
-    print(f"  parameters     {'the same hash on every node: ' + next(iter(hashes))[:16] if len(hashes) == 1 else f'{len(hashes)} different hashes'}")
+    same = f"the same hash on every node: {next(iter(hashes))[:16]}" if len(hashes) == 1 else f"{len(hashes)} different hashes"
+    print(f"  parameters     {same}")

@@ -53,7 +53,7 @@ Everything here is a pure function of the facts (facts.py) and the genesis, so o
 from __future__ import annotations
 
 import hashlib
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 

@@ -1,7 +1,7 @@
 """Seals: one Ed25519 signature for a batch of ops, and a Merkle path per op to check it alone.
 
-Ed25519 verification costs more than everything else an op costs together (README, Measured
-figures), so an author signs a *batch*: the Merkle root of the IDs of up to
+Ed25519 verification costs more than everything else an op costs together (docs/measurements.md),
+so an author signs a *batch*: the Merkle root of the IDs of up to
 `MAX_SEAL_OPS` ops it wrote, with their count. Every op carries the signature, its index in
 the batch and the sibling hashes from its leaf up to the root (`path`), so it is still checked
 with nothing but itself: hash up the path, verify the signature over the root. A replica

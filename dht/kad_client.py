@@ -3,7 +3,7 @@
 Why not py-libp2p's own request code: it opens a new stream for every
 request, and opening one costs two more round trips (multistream-select
 handshake, then the protocol), several times what a request on an open
-stream costs (README, Measured figures). The Kademlia wire protocol allows many
+stream costs (docs/measurements.md). The Kademlia wire protocol allows many
 requests on one stream (py-libp2p's server loops reading them until EOF), so
 `KadStreamPool` keeps one stream per peer and sends requests on it in turn.
 
@@ -98,7 +98,7 @@ class KadStreamPool:
     async def _open(self, peer: ID, *, keep: bool) -> _Pooled:
         try:
             stream = await self.host.new_stream(peer, [PROTOCOL_ID])
-        except Exception as error:  # noqa: BLE001 - py-libp2p raises many unrelated types here
+        except Exception as error:  # py-libp2p raises many unrelated types here
             raise KadRequestError(f"no stream to {peer}: {error}") from error
         pooled = _Pooled(stream, last_used=trio.current_time())
         if keep:

@@ -6,7 +6,7 @@ generational collector keeps walking them: on the `connectivity` scenario
 its share of the CPU grew with the number of nodes, its cost faster than the
 simulation's. Yet the run makes little cyclic garbage (with collection off,
 peak RSS hardly grew), because almost everything is freed by reference
-counting (README, Measured figures).
+counting (docs/measurements.md).
 
 So, for the duration of a run (`paused_collection`):
 

@@ -11,8 +11,8 @@ back-pressure stay as they were.
 every `RTT_MEASURE_INTERVAL` (30 s) to keep a smoothed round-trip estimate
 for its receive-window auto-tuning. A ping and its pong are two frames, each
 through Noise, the simulated link and both Yamux loops. Spacing them out
-cut a large share of the `connectivity` scenario's CPU time (README,
-Measured figures), for an estimate that the simulated links (fixed latency
+cut a large share of the `connectivity` scenario's CPU time (docs/measurements.md),
+for an estimate that the simulated links (fixed latency
 plus small jitter) never change. The first ping stays (the window
 auto-tuning sees a measured RTT, as on a real network); later ones come
 every `SIMULATED_RTT_INTERVAL`.
@@ -28,13 +28,13 @@ auto-tuning) once the pending credit reaches its threshold
 (`YamuxStream._grow_threshold()`, half the target window). The sender still
 has the other half of its window, so no stream stalls. More than half of
 all Yamux frames had been window updates (`connectivity`'s CPU time before
-and after: README, Measured figures).
+and after: docs/measurements.md).
 
 **Thin waists.** Identify hands every observed address to py-libp2p's
 `ObservedAddrManager`, which splits it and each of our listen addresses into
 IP + transport and the rest (`extract_thin_waist`) several times over,
 parsing multiaddrs each time, a visible share of `connectivity`'s CPU at
-500 nodes (README, Measured figures). The split is a pure function of the
+500 nodes (docs/measurements.md). The split is a pure function of the
 address, so in a simulation it is memoised (`_memoised_thin_waist`);
 results are the same immutable values.
 """
@@ -65,7 +65,7 @@ _THIN_WAISTS: dict[bytes, object] = {}
 _THIN_WAIST_CACHE_SIZE = 1 << 16
 
 
-def _memoised_thin_waist(maddr):  # noqa: ANN001, ANN202 - as py-libp2p's extract_thin_waist
+def _memoised_thin_waist(maddr):  # as py-libp2p's extract_thin_waist
     key = maddr.to_bytes()
     try:
         return _THIN_WAISTS[key]

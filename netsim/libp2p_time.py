@@ -82,11 +82,11 @@ def _virtual_datetime(proxy: _VirtualTime) -> type[_real_datetime]:
 
     class _VirtualDatetime(_real_datetime):
         @classmethod
-        def now(cls, tz=None):  # noqa: ANN001, ANN206 - as datetime.now
+        def now(cls, tz=None):  # as datetime.now
             return _real_datetime.fromtimestamp(proxy.time(), tz)
 
         @classmethod
-        def utcnow(cls):  # noqa: ANN206 - as datetime.utcnow
+        def utcnow(cls):  # as datetime.utcnow
             return _real_datetime.utcfromtimestamp(proxy.time())
 
     return _VirtualDatetime

@@ -142,7 +142,7 @@ def _is_peer_id(text: str) -> bool:
 @lru_cache(maxsize=1 << 16)
 def _decodes_as_peer_id(text: str) -> bool:
     """Memoised: bootstrap nodes exchange the same IDs every round, and base58 decoding in
-    Python made that sharing a visible cost at 1,000 nodes (README, Measured figures)."""
+    Python made that sharing a visible cost at 1,000 nodes (docs/measurements.md)."""
     try:
         ID.from_base58(text)
     except Exception:  # noqa: BLE001 - base58 / multihash errors of several types

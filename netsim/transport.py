@@ -6,8 +6,8 @@ interface's endpoint with it. The connections are `SimStream`s wrapped in
 `RawConnection`s, so py-libp2p runs Noise and Yamux over them exactly as it
 does over TCP. The addresses look like TCP ones but never touch a socket.
 
-Parsing a multiaddr is slow in the `multiaddr` package (README, Measured
-figures), and the swarm asks `can_dial` of every address it considers, so
+Parsing a multiaddr is slow in the `multiaddr` package (docs/measurements.md),
+and the swarm asks `can_dial` of every address it considers, so
 both conversions are memoised (a simulation has a few addresses per node;
 multiaddrs are immutable).
 """

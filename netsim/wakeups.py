@@ -12,7 +12,7 @@ once per chunk, at its arrival, and one timer deadline serves every pipe.
 to a multiple of `tick`, so that arrivals within one tick wake in one
 scheduler pass instead of one pass each (rounding up keeps ``a <= b``; it is
 done in integer ticks, so an instant on the grid stays where it is). On
-`connectivity` at 200 nodes a 1 ms grid saved some CPU (README, Measured figures), but the
+`connectivity` at 200 nodes a 1 ms grid saved some CPU (docs/measurements.md), but the
 same seed then stopped giving the same report (the 50-node determinism test
 differed in a latency percentile, with or without the shared timer): some
 order that depends on object addresses (trio breaks ties between equal

@@ -86,11 +86,12 @@ def node_services(config: NodeConfig, pieces: Pieces = Pieces()) -> NodeServices
     )
     rounds = None
     if pieces.rounds:
-        rounds = RoundService(registry, crdt, checkpoints, attack=config.attack, archive=config.archive == "on",
+        rounds = RoundService(registry, crdt, checkpoints, archive=config.archive == "on",
                               device=config.device, local_workers=config.local_workers,
                               memory_limit=config.memory_limit,
                               train_threads=config.train_threads, schedule=TrainingSchedule.from_config(config),
-                              participant_factory=pieces.participant_factory, compute=pieces.compute,
+                              participant_factory=pieces.participant_factory or _adversary(config),
+                              compute=pieces.compute,
                               shard_service=pieces.shard_service,
                               offload=pieces.offload)
     network: tuple[Service, ...] = ()
@@ -102,3 +103,18 @@ def node_services(config: NodeConfig, pieces: Pieces = Pieces()) -> NodeServices
                                  offload=pieces.offload))
     bandwidth = BandwidthLimits(upload=config.upload_limit, download=config.download_limit)
     return NodeServices(registry, crdt, checkpoints, rounds, network, bandwidth)
+
+
+def _adversary(config: NodeConfig) -> ParticipantFactory | None:
+    """A test adversary's participants (`config.attack`: `training.adversary`), or None for an honest
+    node. The module loads torch, so it is imported on the first join, in the join's worker thread."""
+    if not config.attack:
+        return None
+
+    def attacking(body, key):
+        from locomesh.training.adversary import AttackingParticipant
+
+        return AttackingParticipant.for_run(body, key, config.attack, device=config.device,
+                                            local_workers=config.local_workers, train_threads=config.train_threads)
+
+    return attacking

@@ -45,7 +45,7 @@ from multiaddr import Multiaddr
 from locomesh.protocol import Identity
 
 from locomesh.node.meter import ByteMeter, MeteredTransport
-from locomesh.node.nat.listen_port import ListenPortTCP
+from locomesh.node.listen_port import ListenPortTCP
 
 DIAL_TIMEOUT = 10.0
 UPGRADE_TIMEOUT = 10.0

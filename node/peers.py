@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from libp2p.abc import INetConn, INetStream, INetwork, INotifee
 from multiaddr import Multiaddr
 
-from locomesh.node.nat.connections import DIRECT, RELAYED, ConnectionFacts, facts_of
+from locomesh.node.connections import DIRECT, RELAYED, ConnectionFacts, facts_of
 
 HOLE_PUNCHED = "hole-punched"
 MAX_MET = 100_000  # peers remembered as met (the oldest are forgotten first)

@@ -41,7 +41,7 @@ from locomesh.node.peer_scores import PeerScores
 from locomesh.node.peers import PeerTracker
 from locomesh.node.rpc.dispatch import RpcRegistry
 from locomesh.node.service import SHUTDOWN_GRACE, Service
-from locomesh.node.transfer.stream_pool import StreamPool
+from locomesh.node.stream_pool import StreamPool
 from locomesh.node.streams import NOT_PROTOCOL_ERRORS, Handler, guarded
 
 logger = logging.getLogger(__name__)
@@ -127,7 +127,7 @@ class Node:
                 return await self.host.new_stream(ID.from_base58(peer_id), list(protocols))
         except trio.TooSlowError:
             raise DialError(f"no stream to {peer_id} within {timeout:g} s") from None
-        except Exception as error:  # noqa: BLE001 - py-libp2p raises many unrelated types here
+        except Exception as error:  # py-libp2p raises many unrelated types here
             raise DialError(f"no stream to {peer_id}: {type(error).__name__}: {error}") from error
 
     async def connect(self, address: Multiaddr, *, timeout: float = DIAL_TIMEOUT) -> None:
@@ -148,7 +148,7 @@ class Node:
                     await network.dial_addr(address, info.peer_id)
         except trio.TooSlowError:
             raise DialError(f"no connection to {address} within {timeout:g} s") from None
-        except Exception as error:  # noqa: BLE001 - as in open_stream
+        except Exception as error:  # as in open_stream
             raise DialError(f"no connection to {address}: {type(error).__name__}: {error}") from error
 
     async def connect_any(self, addresses: Sequence[Multiaddr], *, timeout: float = DIAL_TIMEOUT) -> Multiaddr:

@@ -10,7 +10,7 @@ in a node: a chunk asked of two providers is cancelled at one once the other
 answered, fetches of a discarded round are cancelled, timeouts fire. Under
 load some of them land in that window: in `bench/round_exchange.py` runs
 connections were dropped that way, and the payload fetches on them failed and
-were retried (README, Measured figures).
+were retried (docs/measurements.md).
 
 So the byte stream under every connection (`MeteredTransport` wraps each one
 in a `WholeWriteStream`) shields each write from cancellation. A cancel still

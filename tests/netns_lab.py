@@ -156,7 +156,7 @@ class LabTimeout(Exception):
 def start_daemon(lab: NatLab, ns: str, data_dir: Path, *, listen: str, bootstrap=(), env=None) -> DaemonProcess:
     """A real `locomesh node start` in namespace `ns`; its log goes to ``<data_dir>.log``."""
     data_dir.mkdir(parents=True, exist_ok=True)
-    log = open(f"{data_dir}.log", "wb")  # noqa: SIM115 - the child holds it; closed when the caller ends
+    log = open(f"{data_dir}.log", "wb")  # the child holds it; closed when the caller ends
     daemon = DaemonProcess(data_dir, listen=[listen], bootstrap=list(bootstrap), log=log, env={**os.environ, **(env or {})})
     daemon.args[:0] = lab.exec_prefix(ns)
     return daemon.start()

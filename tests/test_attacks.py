@@ -9,11 +9,11 @@ import torch
 from locomesh.training import attacks
 from locomesh.training.attacks import AttackView, alie_z, get_attack
 from locomesh.training.codec import CodecError, Encoder, decode, non_finite_payload
-from locomesh.training.diloco import DiLoCoConfig, simulate_diloco
+from locomesh.training.simulation import DiLoCoConfig, simulate_diloco
 from locomesh.training.inner import InnerConfig
 from locomesh.training.tasks import get_task
 
-from .test_diloco import TINY_TASK
+from .test_simulation import TINY_TASK
 
 NUMEL = 3000
 
@@ -249,7 +249,11 @@ def test_searched_alie_picks_the_largest_scale_the_aggregator_still_lets_through
 
     assert not let_through(max(attacks.SEARCH_SCALES))  # the detector has teeth ...
     assert z == pytest.approx(max(s for s in attacks.SEARCH_SCALES if let_through(s)), rel=1e-3)  # ... and is probed to its edge
-    unbounded = attacks.alie_searched(AttackView(**{**view.__dict__, "aggregate": lambda rows, center=None: np.mean(rows, axis=0)}))
+
+    def mean_of(rows, center=None):
+        return np.mean(rows, axis=0)
+
+    unbounded = attacks.alie_searched(AttackView(**{**view.__dict__, "aggregate": mean_of}))
     assert float(np.dot(mean - unbounded, std) / np.dot(std, std)) == pytest.approx(max(attacks.SEARCH_SCALES), rel=1e-3)
 
 

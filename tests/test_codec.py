@@ -168,7 +168,9 @@ REJECTIONS = {
         build("int8", 4, 32, int8_body(4, 32), header={"v": 1, "mode": "int8", "numel": 4, "block": 32, "x": 0}),
         4,
     ),
-    "bool-numel": lambda: (build("int8", 4, 32, int8_body(4, 32), header={"v": 1, "mode": "int8", "numel": True, "block": 32}), 1),
+    "bool-numel": lambda: (
+        build("int8", 4, 32, int8_body(4, 32), header={"v": 1, "mode": "int8", "numel": True, "block": 32}), 1
+    ),
     "header-not-a-map": lambda: (build("int8", 4, 32, int8_body(4, 32), header=[1, "int8", 4, 32]), 4),
     "header-garbage": lambda: (b"\x00\x03\xc1\xc1\xc1" + good_int8()[40:], NUMEL),
     "header-length-zero": lambda: (b"\x00\x00" + good_int8(), NUMEL),

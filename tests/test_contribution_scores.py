@@ -23,6 +23,7 @@ from locomesh.node.rounds.work import RoundWork
 from locomesh.protocol import ProtocolError, canonical, peer_id_from_public_key
 from locomesh.protocol.kinds import MAX_PROPOSAL, MAX_SCORE, SCORE_UNIT
 from locomesh.protocol.runs import sign_manifest
+from locomesh.training.adversary import AttackingParticipant
 from locomesh.training.participant import Participant
 from locomesh.training.run_settings import RoundSettings, RunSettingsError
 
@@ -191,8 +192,8 @@ async def test_a_committee_member_publishes_scores_after_the_round_and_a_free_ri
                              hparams=HPARAMS, influence="joined")
     replica = Replica(Genesis.from_manifest(manifest))
     body = {"task": "synthetic-lm", "task_config": TASK, "seed": 3, "hparams": HPARAMS}
-    peers = [Participant.for_run(body, m.public_key, attack="zero" if i == FREE_RIDER else None)
-             for i, m in enumerate(members)]
+    peers = [AttackingParticipant.for_run(body, m.public_key, "zero") if i == FREE_RIDER
+             else Participant.for_run(body, m.public_key) for i, m in enumerate(members)]
     payloads = {m.public_key: peer.train().payload for m, peer in zip(members, peers)}
     for m in members:
         replica.create(m, "join", round=1)

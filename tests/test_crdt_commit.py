@@ -9,7 +9,7 @@ import pytest
 from locomesh.crdt import Facts, Replica, decode_op, encode_op, evidence_fields, load_snapshot, op_id, snapshot_fields
 from locomesh.protocol import ProtocolError, pack, unpack
 
-from .test_crdt_support import H1, H2, in_causal_order, joined_replica, keys
+from .test_crdt_support import H1, in_causal_order, joined_replica, keys
 
 MEMBERS = keys(4)
 A, B, C, D = MEMBERS

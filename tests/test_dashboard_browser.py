@@ -64,7 +64,7 @@ def other_site():
     """A page at another origin (127.0.0.1, another port) whose form posts to the URL in its query."""
 
     class Page(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        def do_GET(self) -> None:  # http.server's name
             target = self.path.partition("?to=")[2]
             body = (f'<form method="post" action="{target}"><input type="hidden" name="a" value="b"></form>'
                     "<script>document.forms[0].submit()</script>").encode()

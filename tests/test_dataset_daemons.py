@@ -5,8 +5,9 @@ and, round by round, the shards each round assigns it, from the packer, every ch
 test checks the round assignment itself (disjoint, and what training/data/assignment.py gives for
 the run's seed, the round and its two members), that the joiner never holds more of the dataset
 than its rounds needed, that the eval loss falls, that the exported model loads in transformers,
-and that a run created from a checkpoint transformers wrote starts from exactly that model. Bad data on the way: a corrupted chunk is refused and its sender struck, and the join
-it held up goes through once the chunk is whole again; a dataset nobody provides is a clear join error.
+and that a run created from a checkpoint transformers wrote starts from exactly that model. Bad
+data on the way: a corrupted chunk is refused and its sender struck, and the join it held up goes
+through once the chunk is whole again; a dataset nobody provides is a clear join error.
 """
 
 from __future__ import annotations

@@ -107,7 +107,7 @@ def _two_rounds(worker: Worker) -> tuple[bytes, list[float]]:
 
 def test_a_worker_on_the_cpu_is_the_worker_without_a_device():
     """Bit for bit: a device argument changes nothing on the CPU (nor does this module's code path
-    change what the worker computed before it had one: tests/test_diloco.py pins that)."""
+    change what the worker computed before it had one: tests/test_simulation.py pins that)."""
     task = get_task("synthetic-lm", BODY["task_config"])
     reference = _two_rounds(Worker(task, 1, 2, 3, INNER))
     assert _two_rounds(Worker(task, 1, 2, 3, INNER, device="cpu")) == reference
@@ -255,7 +255,7 @@ def test_a_join_on_devices_the_machine_lacks_is_a_clear_error(no_gpu):
     from locomesh.node.rounds.service import NO_DEVICE, RoundService
     from locomesh.node.rpc.dispatch import RpcError
 
-    def factory(body, key, attack):  # as Participant.for_run(..., device="cuda:3") fails here
+    def factory(body, key):  # as Participant.for_run(..., device="cuda:3") fails here
         return resolve_device("cuda:3")
 
     service = RoundService(None, None, None, device="cuda:3", local_workers=1, participant_factory=factory)

@@ -11,7 +11,7 @@ import trio
 from libp2p.peer.id import ID
 from multiaddr import Multiaddr
 
-from locomesh.node.nat.addresses import addrs_at_ip, dial_back_targets, may_dial, punch_targets
+from locomesh.node.addresses import addrs_at_ip, dial_back_targets, may_dial, punch_targets
 from locomesh.node.nat.hole_punch import (
     DIRECT_DIAL_TIMEOUT, MAX_CANDIDATES, MAX_PUNCH_ADDRS, MAX_PUNCH_SESSIONS, PUNCH_ROUND_TIMEOUT, HolePuncher,
 )

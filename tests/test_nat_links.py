@@ -10,7 +10,7 @@ from multiaddr import Multiaddr
 
 from locomesh.node.nat.hole_punch import MAX_CANDIDATES, punch_candidates
 from locomesh.node.nat.link_keeper import BACKOFF_CAP, MAX_DIALS, MAX_KEPT, LinkKeeper
-from locomesh.node.nat.listen_port import ListenPortTCP, OwnAddressError, is_own_endpoint
+from locomesh.node.listen_port import ListenPortTCP, OwnAddressError, is_own_endpoint
 from locomesh.node.nat.reachability import PRIVATE, PUBLIC
 from locomesh.node.nat.relay_service import RelayService
 from locomesh.node.ping import PingService

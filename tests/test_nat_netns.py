@@ -263,7 +263,10 @@ def test_two_hosts_behind_one_cgnat_on_the_same_port_both_punch_through_to_a_por
     for name in ("host1", "host2"):  # what `locomesh peers connect PEER_ID` does, run inside pr's namespace
         command = [*lab.exec_prefix(pr_ns), sys.executable, "-m", "locomesh.cli.main", "peers", "connect",
                    hosts[name][2], "--data-dir", str(pr_dir), "--json"]
-        answer = wait_until(f"pr connects to {name}", lambda: _json_if_ok(subprocess.run(command, capture_output=True, text=True, timeout=120)), 60)
+        answer = wait_until(
+            f"pr connects to {name}",
+            lambda: _json_if_ok(subprocess.run(command, capture_output=True, text=True, timeout=120)), 60,
+        )
         assert answer == {"peer_id": hosts[name][2], "connection": "relayed"}
         connected_at[name] = time.monotonic()
     for name, expected_port in (("host1", PORT), ("host2", REMAPPED_PORT)):

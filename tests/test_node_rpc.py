@@ -224,7 +224,8 @@ async def test_the_rpc_server_over_real_sockets(nursery):
     assert (await _exchange(port, head + call)).endswith(b'{"jsonrpc":"2.0","id":3,"result":3}')
     assert (await _exchange(port, b"GET / HTTP/1.1\r\n" + host + b"\r\n")).startswith(b"HTTP/1.1 405 ")
     assert (await _exchange(port, b"POST /metrics HTTP/1.1\r\n" + host + b"\r\n")).startswith(b"HTTP/1.1 405 ")
-    assert (await _exchange(port, b"GET /metrics HTTP/1.1\r\n" + host + b"\r\n")).endswith(b"\r\n\r\n# HELP m M.\n# TYPE m gauge\nm 1.0\n")
+    metrics = await _exchange(port, b"GET /metrics HTTP/1.1\r\n" + host + b"\r\n")
+    assert metrics.endswith(b"\r\n\r\n# HELP m M.\n# TYPE m gauge\nm 1.0\n")
     upgrade = b"Connection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\n"
     upgrade += b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nHost: 127.0.0.1:%d\r\n\r\n" % port
     assert (await _exchange(port, b"GET /metrics HTTP/1.1\r\n" + upgrade)).startswith(b"HTTP/1.1 403 ")

@@ -60,3 +60,34 @@ def test_every_data_file_of_a_package_is_in_package_data() -> None:
                 and not any(fnmatch.fnmatch(path.name, pattern) for pattern in patterns)
             ]
     assert not unshipped, f"files a wheel would leave out (pyproject.toml's package-data): {unshipped}"
+
+
+def test_every_top_level_package_folder_is_mapped() -> None:
+    """A top-level folder with an `__init__.py` is one of `locomesh`'s subpackages: it has its
+    `package-dir` line (tests/ is the suite, never installed)."""
+    package_dir = _setuptools()["package-dir"]
+    folders = sorted(
+        path.parent.name for path in TOP.glob("*/__init__.py")
+        if path.parent.name not in {"tests", ".venv", "build"}
+    )
+    assert folders, "no top-level package folder found"
+    unmapped = [folder for folder in folders if package_dir.get(f"locomesh.{folder}") != folder]
+    assert not unmapped, f"add to pyproject.toml's [tool.setuptools.package-dir]: {unmapped}"
+    assert {f"locomesh.{folder}" for folder in folders} == set(package_dir), "package-dir maps a folder that is gone"
+
+
+def test_every_listed_package_is_a_folder() -> None:
+    """No stale name in `packages` (a renamed room stays listed and the build fails), and package
+    data is declared only for listed packages (setuptools would otherwise warn and drop it)."""
+    config = _setuptools()
+    package_dir = config["package-dir"]
+
+    def folder_of(package: str) -> Path:
+        top = ".".join(package.split(".")[:2])
+        assert top in package_dir, f"{package} is under no package-dir mapping"
+        return TOP / package_dir[top] / Path(*package.split(".")[2:])
+
+    gone = [package for package in config["packages"] if not folder_of(package).is_dir()]
+    assert not gone, f"listed in pyproject.toml's packages but not a folder: {gone}"
+    unlisted = sorted(set(config.get("package-data", {})) - set(config["packages"]))
+    assert not unlisted, f"package-data for packages that are not listed: {unlisted}"

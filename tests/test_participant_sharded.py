@@ -11,6 +11,7 @@ import pytest
 from locomesh.netsim.sim_participant import JUNK_MARK, PAYLOAD_MARK, SimCost, SimParticipant
 from locomesh.training.codec import CodecError, max_payload_size, split_payload
 from locomesh.training.outer import EmptyRoundError
+from locomesh.training.adversary import AttackingParticipant
 from locomesh.training.participant import Participant, ParticipantError, RoundSettings
 from locomesh.training.run_settings import RunSettingsError, default_hparams
 from locomesh.training.shards import (
@@ -180,7 +181,7 @@ def test_applying_nothing_or_misfit_results_leaves_the_state_as_it_was():
 
 
 def test_a_test_adversary_attacks_in_allgather_exchange_only():
-    attacker = Participant.for_run(BODY, KEYS[0], attack="sign_flip_x100")
+    attacker = AttackingParticipant.for_run(BODY, KEYS[0], "sign_flip_x100")
     with pytest.raises(ParticipantError, match="allgather"):
         attacker.train(sharded=True)
 

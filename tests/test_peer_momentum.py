@@ -8,7 +8,7 @@ import pytest
 from locomesh.training import attacks
 from locomesh.training.attacks import AttackView
 from locomesh.training.codec import Encoder, non_finite_payload
-from locomesh.training.diloco import DiLoCoConfig
+from locomesh.training.simulation import DiLoCoConfig
 from locomesh.training.exact import F32, SLAB
 from locomesh.training.outer import OuterStep
 

@@ -9,7 +9,7 @@ import pytest
 import trio
 from multiaddr import Multiaddr
 
-from locomesh.node.nat.addresses import addrs_at_ip, is_private_ip, remote_ip, tcp_endpoint
+from locomesh.node.addresses import addrs_at_ip, is_private_ip, remote_ip, tcp_endpoint
 from locomesh.node.nat.reach_service import PROTOCOL_ID, ReachabilityService
 from locomesh.node.nat.reachability import PRIVATE, PUBLIC, UNKNOWN, ProbeState, RateLimiter, ReachabilityTracker
 from locomesh.node.runtime import Node

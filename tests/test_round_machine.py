@@ -62,7 +62,9 @@ def test_a_vanished_peer_costs_one_window_and_no_more():
     assert cutoff == 10.0 + rm.MIN_COLLECT_SECONDS
     assert machine.handle(seen(cutoff - 0.01, commits={A: (b"pa" * 16, 10)})) == []
     cut = tuple(sorted((ME, A)))
-    assert machine.handle(seen(cutoff, commits={A: (b"pa" * 16, 10)})) == [rm.PublishProposal(1, cut), rm.StartAggregate(1, cut, 10.1)]
+    assert machine.handle(seen(cutoff, commits={A: (b"pa" * 16, 10)})) == [
+        rm.PublishProposal(1, cut), rm.StartAggregate(1, cut, 10.1)
+    ]
 
 
 def test_our_set_waits_a_window_at_most_for_a_payload_not_yet_seen_at_its_committees():
@@ -435,7 +437,10 @@ def test_a_silent_proposer_that_committed_but_is_unreachable_hands_over_after_on
     machine, electorate = _second_in_line_after_everyone_committed(commits)
     first = rm.proposer_order(1, b"", set(electorate))[0]
     gone = frozenset({first})
-    observe = lambda now: machine.handle(rm.Observation(now, 0, None, frozenset(electorate), commits, unreachable=gone))
+
+    def observe(now):
+        return machine.handle(rm.Observation(now, 0, None, frozenset(electorate), commits, unreachable=gone))
+
     assert observe(1.2) == []  # everyone in: cut; the first proposer's turn
     closed = machine.current.closed_at
     assert observe(closed + rm.MIN_COLLECT_SECONDS - 0.1) == []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -10,13 +11,15 @@ import torch
 
 from locomesh.training import attacks
 from locomesh.training.attacks import AttackView
-from locomesh.training.diloco import DiLoCoConfig, simulate_diloco
+from locomesh.training.simulation import DiLoCoConfig, simulate_diloco
 from locomesh.training.flat import flatten
 from locomesh.training.inner import Worker
-from locomesh.training.scoring import ScoringConfig, bar, excluded, score_contributions, shrunk, weights
+from locomesh.training.scoring import (
+    Reputation, ScoringConfig, bar, excluded, relative, score_contributions, shrunk, weights,
+)
 from locomesh.training.tasks import get_task
 
-from .test_diloco import INNER, TINY_TASK
+from .test_simulation import INNER, TINY_TASK
 
 
 @pytest.fixture(scope="module")
@@ -61,8 +64,37 @@ def test_the_policy_decides_who_is_left_out():
     assert excluded(flat, ScoringConfig(policy="exclude", keep_ratio=0.5)) == {"c"}
 
 
+def test_reputation_leaves_out_an_author_whose_recent_relative_scores_average_under_the_bar():
+    reputation = Reputation(ScoringConfig(policy="reputation", keep_ratio=0.9, history=2))
+    assert reputation.excluded(["a", "b"]) == set()  # nobody scored yet: everyone is in
+    reputation.record({"a": 1.0, "b": 1.1, "c": 0.5})  # median 1.0: relative 1.0, 1.1, 0.5
+    assert reputation.excluded(["a", "b", "c"]) == {"c"}
+    reputation.record({"a": 1.0, "b": 0.9, "c": 1.3})  # c's average (0.5 + 1.3) / 2 = 0.9: back in
+    assert reputation.excluded(["a", "b", "c"]) == set()
+    reputation.record({"a": 1.0, "b": 1.0, "c": 0.0})  # only the last 2 rounds count: c (1.3 + 0) / 2
+    assert reputation.excluded(["a", "b", "c"]) == {"c"}
+    assert relative({"a": -0.1, "b": 0.0, "c": 0.2}) == {}  # a round that improved nothing tells nothing
+    reputation.record({"a": -0.1, "b": 0.0, "c": 0.2})
+    assert reputation.relative["c"] == [1.3, 0.0]
+
+
+def test_evading_reputation_spends_only_what_its_average_allows_and_rebuilds_it_when_out():
+    def estimate(deltas):  # every step away from the honest mean costs; honest ones score about 0.78
+        center = np.mean(deltas[:6], axis=0)
+        return [1.0 - float(np.linalg.norm(d - center)) / 100.0 for d in deltas]
+
+    mean_of = lambda rows, center=None: np.mean(np.stack(rows).astype(np.float64), axis=0)  # noqa: E731
+    config = ScoringConfig(policy="reputation", keep_ratio=0.9, history=2)
+    honest_mean = lambda view: np.mean(np.stack(view.honest_deltas).astype(np.float64), axis=0)  # noqa: E731
+    out = dataclasses.replace(_evading_view(estimate, mean_of), scoring=config, reputation=[0.5])
+    assert np.array_equal(attacks.evading_scores("random")(out), honest_mean(out).astype(np.float32))
+    credit, no_credit = (dataclasses.replace(out, reputation=[value]) for value in (1.3, 0.9))
+    far, near = (np.linalg.norm(attacks.evading_scores("random")(view) - honest_mean(view)) for view in (credit, no_credit))
+    assert far > near  # credit banked buys a larger push
+
+
 def test_scoring_settings_are_checked():
-    for bad in ({"policy": "weigh"}, {"batches": 0}, {"keep_ratio": 1.5}):
+    for bad in ({"policy": "weigh"}, {"batches": 0}, {"keep_ratio": 1.5}, {"history": 0}):
         with pytest.raises(ValueError):
             ScoringConfig(**bad)
 

@@ -200,7 +200,9 @@ def run_group(members: int, byzantine: int, seed: int):
                 settled[key][action.shard] = truth[action.shard]
                 events.append((key, ShardComputed(action.shard, truth[action.shard], now)))
             elif isinstance(action, PublishResult):
-                events.extend((other, ResultSigned(action.shard, key, action.result_hash, now)) for other in honest if other != key)
+                events.extend(
+                    (other, ResultSigned(action.shard, key, action.result_hash, now)) for other in honest if other != key
+                )
             elif isinstance(action, FetchResult):  # the values delivered hash to what was signed
                 settled[key][action.shard] = action.result_hash
                 events.append((key, ResultFetched(action.shard, True, now)))

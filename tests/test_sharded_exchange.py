@@ -12,7 +12,7 @@ import pytest
 from locomesh.node.exchange.committees import byzantine_bound, miss_probability, plan, shard_committees
 from locomesh.protocol import merkle
 from locomesh.training.codec import CodecError, Encoder, decode, encode, non_finite_payload, split_payload
-from locomesh.training.diloco import DiLoCoConfig, simulate_diloco
+from locomesh.training.simulation import DiLoCoConfig, simulate_diloco
 from locomesh.training.inner import InnerConfig
 from locomesh.training.outer import OuterStep
 from locomesh.training.shards import (

@@ -1,4 +1,4 @@
-"""Idle data plane streams kept for the next download from the same provider (node/transfer/stream_pool.py)."""
+"""Idle data plane streams kept for the next download from the same provider (node/stream_pool.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from locomesh.node.transfer.download import DownloadProgress, download_checkpoin
 from locomesh.node.transfer.service import CheckpointService
 from locomesh.node.peer_scores import PeerScores
 from locomesh.node.runtime import Node
-from locomesh.node.transfer.stream_pool import StreamPool
+from locomesh.node.stream_pool import StreamPool
 from locomesh.node.transfer.store import write_checkpoint
 
 LOOPBACK = [Multiaddr("/ip4/127.0.0.1/tcp/0")]

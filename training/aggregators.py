@@ -135,8 +135,8 @@ def centered_clip(
     models cost one step; on the small model of bench/byzantine.py far less so,
     and most rounds run all `iterations`. A larger ρ stops more often and gives
     up robustness against colluders hiding among the honest: identical replays
-    that sit just inside a wider shell end the clipping early (README, Measured
-    figures). The test reads the exact distances, so every peer stops at the
+    that sit just inside a wider shell end the clipping early (docs/measurements.md).
+    The test reads the exact distances, so every peer stops at the
     same step; `shell_ratio` 1 stops only when all distances are equal.
     """
     if iterations < 1:

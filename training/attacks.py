@@ -78,6 +78,8 @@ class AttackView:
     # the scores of any Δs (on batches of its own: the round's are drawn after it commits).
     scoring: Any = None  # a scoring.ScoringConfig
     estimate_scores: Callable[[list[np.ndarray]], list[float]] | None = None
+    # With the "reputation" policy: the colluders' own relative scores of their last scored rounds.
+    reputation: Sequence[float] | None = None
 
 
 Attack = Callable[[AttackView], "np.ndarray | bytes"]
@@ -342,6 +344,8 @@ def evading_scores(direction: str = "random", seed: int = 0) -> Attack:
         honest = estimates[: len(view.honest_deltas)]
         if view.scoring.policy == "weight":
             return _evading_weights(view, candidates, honest, estimates[len(honest):], mean, u)
+        if view.scoring.policy == "reputation":
+            return _evading_reputation(view, candidates, honest, estimates[len(honest):], mean, u, tau)
         passing = [a for a, score in zip(INSIDE_FRACTIONS, estimates[len(honest):])
                    if score >= bar(dict(enumerate(honest + [score] * view.byzantine)), view.scoring.keep_ratio)]
         if not passing:
@@ -350,6 +354,28 @@ def evading_scores(direction: str = "random", seed: int = 0) -> Attack:
                          harm=lambda result: float(np.dot(result - mean, u)))
 
     return attack
+
+
+def _evading_reputation(view: AttackView, candidates: list[np.ndarray], honest: list[float], estimated: list[float],
+                        mean: np.ndarray, u: np.ndarray, tau: float) -> np.ndarray:
+    """Against the "reputation" policy: while its average is under the bar, the honest mean (it is
+    left out anyway, and the mean scores best: it buys the average back); while it is in, the
+    candidate that pulls most along u among those whose estimated relative score keeps its average
+    over the last rounds at the bar, so it stays in next round."""
+    from .scoring import average, relative
+
+    config, past = view.scoring, list(view.reputation or [])
+    if past and average(past) < config.keep_ratio:
+        return mean.astype(np.float32)
+    kept = past[-(config.history - 1):] if config.history > 1 else []
+    passing = []
+    for a, score in zip(INSIDE_FRACTIONS, estimated):
+        own = relative(dict(enumerate(honest + [score] * view.byzantine))).get(len(honest), -math.inf)
+        if average([*kept, own]) >= config.keep_ratio:
+            passing.append(a)
+    if not passing:
+        return mean.astype(np.float32)
+    return _searched(view, lambda a: mean + a * tau * u, passing, harm=lambda result: float(np.dot(result - mean, u)))
 
 
 def _evading_weights(view: AttackView, candidates: list[np.ndarray], honest: list[float], estimated: list[float],

@@ -1,7 +1,7 @@
 """Arithmetic whose every operation is specified, so every CPU gets the same bits.
 
 The outer step must turn the same contributions into bit-identical parameters on
-every honest peer (../shared/DESIGN.md, "Training"). Plain torch does not: on
+every honest peer (docs/architecture.md, "Training"). Plain torch does not: on
 this machine, with identical inputs, `(X * w[:, None]).sum(0)` and `X.T @ w`
 over 16 rows give other bits under `ATEN_CPU_CAPABILITY=default` than under
 `=avx2`, and `X.sum()` and `torch.dot` change between 1 and 2 threads

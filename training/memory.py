@@ -5,7 +5,7 @@ pseudo-gradient, chunk frames), many in worker threads. glibc's malloc serves al
 its mmap threshold (which grows to 32 MiB as large blocks are freed) from per-thread arenas and
 keeps what is freed there for reuse, so a daemon's resident memory ratchets up round after
 round by what its threads once held at the same time. `malloc_trim(0)` returns the free pages
-of every arena to the system (README, Measured figures). Elsewhere (another libc, another OS)
+of every arena to the system (docs/measurements.md). Elsewhere (another libc, another OS)
 this does nothing.
 """
 

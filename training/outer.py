@@ -18,7 +18,7 @@ With `peer_momentum` the momentum is itself a robust aggregate (Karimireddy, He 
 last round, starts from the run's m), and m ← aggregate({M_a}) centred on μ·m + g, what plain
 momentum would have given. The idea: an attacker that stays inside the honest spread of one
 round's Δs and pushes along one direction for many rounds adds up through m unclipped, while honest
-momenta average independent noise away. Measured (README, "Adaptive attackers"): it stops pushes
+momenta average independent noise away. Measured (docs/design-notes.md, "Adaptive attackers"): it stops pushes
 along a random direction, but honest momenta in DiLoCo are as spread as single Δs relative to
 their mean (each worker keeps its own inner optimizer state), and an attacker aimed against the
 honest mean does more harm than without it; so it is off by default. It costs one vector per
@@ -339,7 +339,7 @@ class SpareVectors:
     while the next round trains), so each round needs a new θ and momentum. Made afresh, a
     vector of 25M values costs page faults on every touch: on a VM that hands freed memory
     back to its host, an outer step a round after the last one took about twice as long as one
-    right after it, most of it faulting in new pages (README, Measured figures).
+    right after it, most of it faulting in new pages (docs/measurements.md).
 
     "Nothing else holds it" is read from the reference count: an array held only by this list
     has two references while `sys.getrefcount` looks at it (the list's and the argument's).

@@ -11,7 +11,7 @@ no I/O:
   aggregate it has not seen yet (an "eager" update: this peer's guess at θ_r). The shared outer
   step is unchanged: round r+1's Δ lands on the real θ_r, one round late. This cost little
   eval loss against no delay, and less than starting from θ_{r-1} − Δ_r, which lagged far
-  more in the early rounds (README, Measured figures);
+  more in the early rounds (docs/measurements.md);
 - `aggregate(payloads)`: decode, validate, robust-aggregate and take the outer Nesterov step
   (`OuterStep`, bit-exact on every CPU), giving θ_{r+1};
 - in a sharded round (training/shards.py), `train(sharded=True)` frames one payload per shard,
@@ -42,11 +42,10 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from .attacks import AttackView, get_attack
 from . import participant_shards as sharding
 from .checkpoint_manifest import Manifest, ManifestLimits, TensorSpec
 from .contract import PAYLOAD_TENSOR, DataNeeds
-from .codec import CodecError, Encoder, decode, max_payload_size, non_finite_payload
+from .codec import CodecError, Encoder, decode, max_payload_size
 from .flat import flatten, unflatten_into
 from .devices import describe
 from .distributed import inner_worker
@@ -123,7 +122,6 @@ class Participant:
         model_seed: int,
         run_seed: int,
         key: bytes,
-        attack: str | None = None,
         device: str = "cpu",
         local_workers: int = 1,
         train_threads: int = 0,
@@ -147,16 +145,12 @@ class Participant:
         self.encoder = Encoder(settings.codec, error_feedback=settings.codec != "fp32")
         self.outer = OuterStep(flatten(self.worker.model), settings.outer_config())
         self.round = 0  # θ is the state after this many certified rounds
-        self.attack = None if attack is None else get_attack(attack)
-        # A test adversary's view of the others: their Δs of the last round it aggregated (a peer
-        # sees the others' payloads only after they commit, so its attack lags them by a round).
-        self.others_last_round: list[np.ndarray] = []
         self._shard_layout: ShardLayout | None = None  # made on first use: θ's size never changes in a run
         self._limits: list[int] | None = None  # each shard's most bytes, with the layout
 
     @classmethod
     def for_run(
-        cls, genesis_body: Mapping[str, Any], key: bytes, attack: str | None = None, *,
+        cls, genesis_body: Mapping[str, Any], key: bytes, *,
         device: str = "cpu", local_workers: int = 1, train_threads: int = 0,
     ) -> Participant:
         """A participant for the run whose manifest body is `genesis_body`, at round 0, training on
@@ -165,7 +159,7 @@ class Participant:
         the devices, `DataParallelError` if a data-parallel group does not start."""
         settings, task = check_run_settings(genesis_body["task"], genesis_body["task_config"], genesis_body["hparams"])
         seed = genesis_body["seed"]
-        return cls(task, settings, model_seed=seed, run_seed=seed, key=key, attack=attack,
+        return cls(task, settings, model_seed=seed, run_seed=seed, key=key,
                    device=device, local_workers=local_workers, train_threads=train_threads)
 
     def close(self) -> None:
@@ -179,18 +173,15 @@ class Participant:
         self, stop: Callable[[], bool] | None = None, start: np.ndarray | None = None,
         data: Sequence[np.ndarray] | None = None, sharded: bool = False,
     ) -> Contribution:
-        """H inner steps from `start` (default θ_r); the encoded pseudo-gradient (or, for a test
-        adversary, its attack). `stop` is asked after each step: once it says yes, training ends
-        early (the result is then one the caller discards). `data`: the tokens of the dataset
+        """H inner steps from `start` (default θ_r); the encoded pseudo-gradient. `stop` is asked
+        after each step: once it says yes, training ends early (the result is then one the caller
+        discards). `data`: the tokens of the dataset
         shards the round assigned this peer (a run with a dataset trains on nothing else).
-        `sharded`: the payload is one per shard of `shard_layout`, framed (`frame_shards`); a test
-        adversary attacks in allgather exchange only (`ParticipantError`).
+        `sharded`: the payload is one per shard of `shard_layout`, framed (`frame_shards`).
 
         Reads θ only when no `start` is given, so with a `start` it may run while `aggregate`
         computes the next θ. Raises `TrainingDiverged` if the loss or Δ is not finite (nothing
         to send: a non-finite payload is refused by every peer)."""
-        if sharded and self.attack is not None:
-            raise ParticipantError("attacks run in allgather exchange")
         if getattr(self.task, "dataset_id", None) is not None and data is None:
             raise ParticipantError("this run trains on a dataset: a round needs the shards it assigned this peer")
         batches = None if data is None else self.task.round_batches(data, self.settings.batch_size)
@@ -200,10 +191,8 @@ class Participant:
         self._check_finite(result.mean_loss, result.steps, result.delta)
         if sharded:
             payload = sharding.encode_framed(self.encoder, result.delta, self.shard_layout())
-        elif self.attack is None:
-            payload = self.encoder.encode(result.delta)
         else:
-            payload = self._attack_payload(result.delta)
+            payload = self.encoder.encode(result.delta)
         return Contribution(payload, result.steps, result.mean_loss, result.seconds, result.delta)
 
     def _limit_threads(self) -> None:
@@ -287,8 +276,6 @@ class Participant:
         (`release_free_memory`)."""
         try:
             result = self.outer.step(payloads, bucket_seed=self.round.to_bytes(8, "big"))
-            if self.attack is not None:
-                self.others_last_round = self._decode_others(payloads, result.accepted)
         finally:
             release_free_memory()
         self.round += 1
@@ -457,26 +444,3 @@ class Participant:
             momentum_buffer=arrays["momentum"], previous_aggregate=arrays.get("previous"),
         )
         self.round = round_number
-
-    def _decode_others(self, payloads: Mapping[bytes, bytes], authors: list[bytes]) -> list[np.ndarray]:
-        """The Δs of the round's valid contributions other than ours (what an attack estimates from)."""
-        config = self.outer.config
-        block = None if config.codec == "fp32" else config.block_size
-        return [decode(payloads[author], self.outer.numel, modes=(config.codec,), block_size=block)
-                for author in authors if author != self.key]
-
-    def _attack_payload(self, delta: np.ndarray) -> bytes:
-        honest = [delta, *self.others_last_round]
-        view = AttackView(
-            round_index=self.round, honest_deltas=honest, past_honest_payloads=[], workers=len(honest), byzantine=1,
-            rng=np.random.default_rng(self.round),
-            encode_non_finite=lambda value, numel: non_finite_payload(self.settings.codec, value, numel),
-            previous=self.outer.previous, aggregate=self.outer.trial_aggregate,
-        )
-        try:
-            attacked = self.attack(view)
-        except ValueError:
-            if len(honest) >= 2:
-                raise
-            return self.encoder.encode(delta)  # an attack that needs the others' spread (ALIE) waits to see them
-        return attacked if isinstance(attacked, bytes) else Encoder(self.settings.codec, error_feedback=False).encode(attacked)

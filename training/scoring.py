@@ -8,7 +8,12 @@ one aimed against descent does less or raises the loss. This is Zeno's suspicion
 Koyejo & Gupta 2019) with the contribution's whole step in place of a first-order estimate.
 
 What scores weigh is the run's choice (`POLICIES`): "report" only records them; "exclude" leaves
-out of the aggregate every contribution scoring below `keep_ratio` of the median score; "weight"
+out of the aggregate every contribution scoring below `keep_ratio` of the median score;
+"reputation" leaves out of round r the authors whose relative scores (score over the round's
+median) averaged over their last `history` scored rounds before r are below `keep_ratio` (a daemon
+can agree on those before round r: they are facts of earlier rounds; one round's honest relative
+scores are noisy, their average over rounds is not, so a bar honest peers clear on average holds
+a steady attacker's push down without dropping honest contributions); "weight"
 shrinks each contribution's offset from the aggregator's centre by its score over the median
 (capped at 1: `weights`), so a contribution half as useful as the median pulls half as far. Why the
 median: with fewer than half the contributors Byzantine it is an honest score or lies between two,
@@ -33,7 +38,7 @@ import torch
 from .flat import unflatten_into
 from .tasks import Task
 
-POLICIES = ("report", "exclude", "weight")
+POLICIES = ("report", "exclude", "reputation", "weight")
 SCORING_PEER = 1 << 16  # the data stream scoring batches come from: no worker has this index
 
 
@@ -43,6 +48,7 @@ class ScoringConfig:
     batches: int = 4
     batch_size: int = 16
     keep_ratio: float = 0.5  # "exclude": the bar is this fraction of the median score
+    history: int = 4  # "reputation": rounds of relative scores averaged
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -51,6 +57,8 @@ class ScoringConfig:
             raise ValueError("scoring needs at least one batch of at least one sequence")
         if not 0.0 <= self.keep_ratio <= 1.0:
             raise ValueError(f"keep_ratio is in [0, 1], got {self.keep_ratio}")
+        if self.history < 1:
+            raise ValueError(f"history is at least 1 round, got {self.history}")
 
 
 @torch.no_grad()
@@ -99,6 +107,37 @@ def excluded(scores: Mapping[Hashable, float], config: ScoringConfig) -> set[Has
         threshold = bar(finite, config.keep_ratio)
         out |= {author for author, score in finite.items() if score < threshold}
     return out
+
+
+def relative(scores: Mapping[Hashable, float]) -> dict[Hashable, float]:
+    """Each finite score over the round's median; nothing when the median is not above zero (the
+    round improved nothing: its scores tell nobody apart)."""
+    finite = {author: score for author, score in scores.items() if math.isfinite(score)}
+    median = statistics.median(finite.values()) if finite else 0.0
+    if median <= 0:
+        return {}
+    return {author: (score / median if math.isfinite(score) else -math.inf) for author, score in scores.items()}
+
+
+class Reputation:
+    """"reputation": every author's relative scores of its last `history` scored rounds."""
+
+    def __init__(self, config: ScoringConfig) -> None:
+        self.config = config
+        self.relative: dict[Hashable, list[float]] = {}
+
+    def excluded(self, authors: Iterable[Hashable]) -> set[Hashable]:
+        """The authors whose average is below the bar (an author with no scored round yet is in)."""
+        return {author for author in authors
+                if self.relative.get(author) and average(self.relative[author]) < self.config.keep_ratio}
+
+    def record(self, scores: Mapping[Hashable, float]) -> None:
+        for author, value in relative(scores).items():
+            self.relative[author] = [*self.relative.get(author, []), value][-self.config.history:]
+
+
+def average(values: list[float]) -> float:
+    return math.fsum(values) / len(values)
 
 
 def weights(scores: Mapping[Hashable, float]) -> dict[Hashable, float]:

@@ -102,8 +102,10 @@ def check_shard(shard: bytes, index: int, layout: ShardLayout, root: bytes, proo
     merkle.verify(merkle.leaf_hash(shard), index, layout.count, proof, root)
 
 
-def aggregate_shard(outer: OuterStep, layout: ShardLayout, index: int, shards: Mapping[Author, bytes], *,
-                    out: np.ndarray | None = None, bucket_seed: bytes = b"") -> tuple[np.ndarray, list[Author], dict[Author, CodecError]]:
+def aggregate_shard(
+    outer: OuterStep, layout: ShardLayout, index: int, shards: Mapping[Author, bytes], *,
+    out: np.ndarray | None = None, bucket_seed: bytes = b"",
+) -> tuple[np.ndarray, list[Author], dict[Author, CodecError]]:
     """Shard `index`'s aggregate from every author's payload of that shard (keyed by author), as
     `outer` would compute it for its own state: (values, accepted, rejected). Raises as `OuterStep.step`."""
     start, stop = layout.bounds[index]

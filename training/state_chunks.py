@@ -24,10 +24,10 @@ from .checkpoint_manifest import (
 )
 from .state_format import layout_raw_size, state_pieces
 
-COMPRESSION_LEVEL = 1  # level 3 saves no more bytes of float weights, at under half the speed (README, Measured figures)
+COMPRESSION_LEVEL = 1  # level 3 saves no more bytes of float weights, at under half the speed (docs/measurements.md)
 # A negative level stores float weights as raw zstd blocks (no compression) several times faster than
 # level 1, which saves a few percent: the choice for a run state written every round, where level 1
-# would cost every peer CPU time each round and save bytes only for the rare syncing peer (README, Measured figures).
+# would cost every peer CPU time each round and save bytes only for the rare syncing peer (docs/measurements.md).
 FAST_LEVEL = -1
 
 Tensors = Mapping[str, Any]  # name -> torch tensor or numpy array (`state_format` says which dtypes)

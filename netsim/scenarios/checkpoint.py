@@ -327,7 +327,7 @@ class _Run:
         )
 
 
-def _write(directory: Path, tensors: dict, chunk_size: int):  # noqa: ANN202 - a Manifest
+def _write(directory: Path, tensors: dict, chunk_size: int):  # a Manifest
     from locomesh.node.transfer.store import write_checkpoint
 
     return write_checkpoint(directory, tensors, {"round": 1, "run": b""}, chunk_size=chunk_size)

@@ -91,11 +91,11 @@ class Config:
 class _CountingPool(KadStreamPool):
     """The DHT's request pool, counting the requests its node sends."""
 
-    def __init__(self, host) -> None:  # noqa: ANN001 - py-libp2p's IHost
+    def __init__(self, host) -> None:  # py-libp2p's IHost
         super().__init__(host)
         self.requests = 0
 
-    async def request(self, peer, message):  # noqa: ANN001, ANN201 - as in KadStreamPool
+    async def request(self, peer, message):  # as in KadStreamPool
         self.requests += 1
         return await super().request(peer, message)
 
@@ -225,7 +225,9 @@ class _Run:
             except DiscoveryError:
                 self.counts.publish_failures += 1
                 return
-            self.published.append(_Published(records.run_key(run_id(manifest)), run_id(manifest), manifest, node.identity.peer_id))
+            self.published.append(
+                _Published(records.run_key(run_id(manifest)), run_id(manifest), manifest, node.identity.peer_id)
+            )
 
         async with trio.open_nursery() as nursery:
             for node in publishers:

@@ -71,7 +71,7 @@ from dataclasses import asdict, dataclass, field
 import trio
 from libp2p.peer.id import ID
 
-from locomesh.node.nat.connections import facts_of
+from locomesh.node.connections import facts_of
 from locomesh.node.nat.reach_service import ReachabilityService
 from locomesh.node.nat.reachability import PUBLIC
 from locomesh.node.nat.relay_service import DIRECT, RELAYED, RelayService

@@ -14,7 +14,7 @@ from typing import Any
 NOT_OPTIONS = ("nodes",)  # set by a scenario's run keyword (the CLI's --nodes)
 
 
-def option(default: Any, help: str) -> Any:  # noqa: A002 - argparse's word for it
+def option(default: Any, help: str) -> Any:  # argparse's word for it
     """A ``Config`` field with `default`, explained by `help` (what it sets, its unit)."""
     return dataclasses.field(default=default, metadata={"help": help})
 

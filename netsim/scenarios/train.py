@@ -184,7 +184,7 @@ class _Run(TrainReporting):
         cost = SimCost(step_seconds=config.step_seconds * factor, aggregate_seconds=config.aggregate_seconds,
                        payload_bytes=config.payload_bytes, state_bytes=config.state_bytes, shards=config.shards)
 
-        def participant(body: Mapping[str, Any], key: bytes, _attack: str | None) -> SimParticipant:
+        def participant(body: Mapping[str, Any], key: bytes) -> SimParticipant:
             if kind == "liar":
                 return LyingSimParticipant(body, key, cost)
             return SimParticipant(body, key, cost, byzantine=kind == "byzantine")
@@ -272,7 +272,8 @@ class _Run(TrainReporting):
     def _create_run(self, creator: _Member) -> None:
         config = self.config
         # A liar is banned once caught (node/exchange/sharded.py): the run goes on without it.
-        hparams = {**DEFAULT_HPARAMS, "min_peers": config.nodes - config.liars - config.crashers, "round_deadline_s": config.round_deadline_s,
+        hparams = {**DEFAULT_HPARAMS, "min_peers": config.nodes - config.liars - config.crashers,
+                   "round_deadline_s": config.round_deadline_s,
                    "inner_steps": config.inner_steps, "delayed_updates": config.delayed_updates,
                    "exchange": config.exchange, "byzantine_fraction": config.byzantine_fraction}
         self.manifest = sign_manifest(creator.node.identity, task="netsim", name="netsim train", seed=self.sim.seed,
@@ -354,7 +355,8 @@ class _Run(TrainReporting):
                     member.done_at[held] = trio.current_time()
             live = [m for m in self.members if not m.crashed]
             going = [m for m in live if (p := m.participation(self.run_id)) is None or p.banned is None]
-            if len(live) >= self.config.nodes - self.config.crashers and all(self._recorded(m, self.config.rounds) for m in going):
+            everyone = len(live) >= self.config.nodes - self.config.crashers
+            if everyone and all(self._recorded(m, self.config.rounds) for m in going):
                 done.cancel()
                 return
 

@@ -130,7 +130,8 @@ class TrainReporting:
         return {
             "seed": self.sim.seed,
             "nodes": config.nodes,
-            "link": f"{config.uplink / MEGABIT:g} Mbit/s up, {config.downlink / MEGABIT:g} down, {config.latency * 1000:g} ms one way",
+            "link": f"{config.uplink / MEGABIT:g} Mbit/s up, {config.downlink / MEGABIT:g} down, "
+                    f"{config.latency * 1000:g} ms one way",
             "stands for": (f"a model of {config.payload_bytes} parameters (int8 payload of {config.payload_bytes} bytes), "
                            f"{config.inner_steps} inner steps of {config.step_seconds:g} s per round"),
             "nodes that reached the last round": sum(1 for m in self.members if config.rounds in m.done_at),

@@ -28,7 +28,7 @@ from typing import Any, Protocol
 import trio
 
 from locomesh.node.meter import connection_bytes
-from locomesh.node.nat.connections import RELAYED, facts_of
+from locomesh.node.connections import RELAYED, facts_of
 from locomesh.node.rpc.dispatch import RpcError
 from locomesh.node.runtime import Node
 

@@ -14,7 +14,7 @@ verifiers, the chance that some shard's wrong result survives is at most
 (a union bound over shards; the hypergeometric term is the chance a committee is all Byzantine).
 What it costs a peer, in payloads fetched per round: k for the committee seats it holds (S·k/n
 shards, each a 1/S slice of n payloads) and v·n/S for its checks; `plan` takes the cheapest
-(k, v) under the target. The README's "Sharded exchange" section gives the table. Who sits on
+(k, v) under the target. docs/design-notes.md ("Sharded exchange") gives the table. Who sits on
 which committee is drawn by `shard_committees`, alike on every peer.
 """
 

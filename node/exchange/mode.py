@@ -8,8 +8,8 @@ and every member fetches the shard results. `auto` compares what a member downlo
     sharded:   k payloads (its committee seats: k per member on average) + the aggregate
 
 and takes sharded when it is smaller. The aggregate is float32, so it weighs as much as several
-int8 payloads: small runs keep allgather, large ones shard (the README's "Sharded exchange" has
-the table). The choice depends only on the run's settings and the round's first electorate,
+int8 payloads: small runs keep allgather, large ones shard (docs/design-notes.md, "Sharded exchange",
+has the table). The choice depends only on the run's settings and the round's first electorate,
 which every member reads alike, so all members of a round exchange the same way.
 """
 

@@ -15,7 +15,7 @@ one reach the other, and the remapped host is never reached.
 
 * **What we advertise** (`punch_candidates`): the endpoints peers observed
   our connections at (Identify's observed address; our dials leave from the
-  listen port, `locomesh.node.nat.listen_port`, so with an
+  listen port, `locomesh.node.listen_port`, so with an
   endpoint-independent NAT each observation is the mapping a punch must aim
   at), the most widely observed first; then where we listen, if that is a
   public address. Never a private or shared (CGNAT) address: a peer dialling
@@ -52,7 +52,7 @@ one reach the other, and the remapped host is never reached.
   `MAX_PUNCH_SESSIONS` in all, ours and theirs.
 
 ``allow_private_addrs`` (tests, local swarms on loopback or one LAN) lets
-punches go to private addresses too (`locomesh.node.nat.addresses`).
+punches go to private addresses too (`locomesh.node.addresses`).
 """
 
 from __future__ import annotations
@@ -65,8 +65,8 @@ from libp2p.peer.id import ID
 from libp2p.relay.circuit_v2.dcutr import MAX_HOLE_PUNCH_ATTEMPTS, DCUtRProtocol, _local_tcp_listen_addrs
 from multiaddr import Multiaddr
 
-from locomesh.node.nat.addresses import is_private_ip, is_relayed, punch_targets, tcp_address, tcp_endpoint
-from locomesh.node.nat.connections import RELAYED, facts_of
+from locomesh.node.addresses import is_private_ip, is_relayed, punch_targets, tcp_address, tcp_endpoint
+from locomesh.node.connections import RELAYED, facts_of
 from locomesh.node.streams import reset_quietly
 
 logger = logging.getLogger(__name__)

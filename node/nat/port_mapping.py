@@ -41,7 +41,7 @@ import trio
 
 from locomesh.node.service import SHUTDOWN_GRACE
 
-from locomesh.node.nat.addresses import tcp_address, tcp_endpoint
+from locomesh.node.addresses import tcp_address, tcp_endpoint
 from locomesh.node.nat.mapping_errors import MappingError
 from locomesh.node.nat.natpmp import NatPmpClient
 from locomesh.node.nat.reachability import PRIVATE, PUBLIC

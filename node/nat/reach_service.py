@@ -24,7 +24,7 @@ What bounds the work a peer can make us do:
   (`dial_back_targets`), so a peer can make it dial neither its own host or
   LAN nor several hosts at once; anything else is answered ``no-address``.
   Both ends take private addresses only with ``allow_private_addrs`` (tests,
-  local swarms; `locomesh.node.nat.addresses`).
+  local swarms; `locomesh.node.addresses`).
 """
 
 from __future__ import annotations
@@ -48,9 +48,9 @@ from locomesh.node.streams import close_quietly, read_frame, write_frame
 from locomesh.protocol import Envelope, ProtocolError, decode, encode
 from locomesh.protocol.kinds import REACH_DELEGATE, REACH_DIALBACK, REACH_REQUEST, REACH_RESULT
 
-from locomesh.node.nat.addresses import addrs_at_ip, dial_back_targets, is_private_ip, tcp_address, tcp_endpoint
-from locomesh.node.nat.connections import DIRECT, ConnectionFacts, facts_of, facts_of_stream
-from locomesh.node.nat.listen_port import from_ephemeral_port
+from locomesh.node.addresses import addrs_at_ip, dial_back_targets, is_private_ip, tcp_address, tcp_endpoint
+from locomesh.node.connections import DIRECT, ConnectionFacts, facts_of, facts_of_stream
+from locomesh.node.listen_port import from_ephemeral_port
 from locomesh.node.nat.reachability import UNKNOWN, RateLimiter, ReachabilityTracker
 
 logger = logging.getLogger(__name__)

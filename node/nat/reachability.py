@@ -55,7 +55,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from locomesh.node.rate_limit import RateLimiter  # noqa: F401 - re-exported: it was born here
-from locomesh.node.nat.addresses import tcp_endpoint
+from locomesh.node.addresses import tcp_endpoint
 
 PUBLIC, PRIVATE, UNKNOWN = "public", "private", "unknown"
 

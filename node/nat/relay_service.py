@@ -57,9 +57,9 @@ from locomesh.node.rpc.dispatch import RpcError
 from locomesh.node.runtime import DialError, Node
 from locomesh.node.streams import close_quietly, reset_quietly
 
-from locomesh.node.nat.addresses import is_relayed, tcp_endpoint
+from locomesh.node.addresses import is_relayed, tcp_endpoint
 from locomesh.node.nat.circuit_relay import CircuitRelay
-from locomesh.node.nat.connections import DIRECT, RELAYED, facts_of
+from locomesh.node.connections import DIRECT, RELAYED, facts_of
 from locomesh.node.nat.hole_punch import HolePuncher
 from locomesh.node.nat.link_keeper import MAX_KEPT, LinkKeeper
 from locomesh.node.nat.reachability import PRIVATE, PUBLIC
@@ -323,7 +323,7 @@ class RelayService:
         timeout, and are not cancelled: a second relayed dial cancelled in the
         middle of its upgrade could take the connection that had just won down
         with it (netsim `nat`: fewer pairs went direct when the others were
-        cancelled; README, Measured figures).
+        cancelled; docs/measurements.md).
         A dial not yet started when one has won is skipped. DCUtR later upgrades a relayed
         connection where it can.
         Returns how we are connected ("direct" or "relayed"); `DialError` if nothing worked.

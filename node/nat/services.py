@@ -26,7 +26,7 @@ def nat_services(
     into the peer record: a node found public at such an address reserves no
     relay, so without it nobody could reach it. Dial-backs and hole punches
     go to public unicast addresses only unless `allow_private_addrs` (tests and
-    local swarms on loopback or one LAN; `locomesh.node.nat.addresses`).
+    local swarms on loopback or one LAN; `locomesh.node.addresses`).
     """
     mapper = PortMappingService(
         lambda: reach.verdict,

@@ -80,7 +80,7 @@ class OpLog:
         """The ops stored, oldest first; then the file is open for appending. A torn tail is cut off."""
         self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         created = not self.path.exists()
-        self._file = open(self.path, "a+b")  # noqa: SIM115 - kept open for appends until `close`
+        self._file = open(self.path, "a+b")  # kept open for appends until `close`
         if created:
             os.chmod(self.path, 0o600)
             fsync_dir(self.path.parent)  # the file itself must survive a crash, not only its bytes
@@ -121,7 +121,7 @@ def stored_ops(data_dir: str | os.PathLike, run_id: bytes) -> Iterator[bytes]:
     appends to it (a record it is still writing is not whole yet and ends the read, as a torn
     tail does for `OpLog.load`)."""
     try:
-        file = open(OpLog.for_run(data_dir, run_id).path, "rb")  # noqa: SIM115 - closed below
+        file = open(OpLog.for_run(data_dir, run_id).path, "rb")  # closed below
     except FileNotFoundError:
         return
     with file:

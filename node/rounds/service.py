@@ -8,7 +8,9 @@ service, whose parts it uses. RPC methods:
     run.pause(run_id) -> {"run_id", "paused", "after_round"}: sit rounds out, keep the state current (pauses.py)
     run.resume(run_id) -> {"run_id", "paused", "round"}: contribute again from the next round
     run.status(run_id) -> phase, what the round waits for, members (by peer ID: member_peers), and the
-        finished rounds, kept in the data dir (history.py): for a run left, phase "left" and those rounds
+        finished rounds, kept in the data dir (history.py): for a run left, phase "left" and those rounds;
+        for a run it never trained in, NOT_JOINED saying how to join it, or RUN_NOT_FOUND if the node
+        knows no such run (the same for leave, pause, resume, export)
     run.export(run_id, directory) -> {"round", "files"}: the certified model, as files other tools load
 
 Joining finds the run (locally or in the DHT), announces this node as a participant in the DHT,
@@ -36,15 +38,13 @@ import logging
 import os
 from datetime import datetime
 from pathlib import Path
-from collections.abc import Iterable
 from typing import Any
 
 import trio
 
 from locomesh.crdt import Replica
-from locomesh.dht.discovery import DiscoveryError
 from locomesh.protocol import ProtocolError, peer_id_from_public_key
-from locomesh.protocol.runs import format_run_id, load_manifest, parse_run_id, short_run_id
+from locomesh.protocol.runs import format_run_id, load_manifest, short_run_id
 from locomesh.training.contract import ParticipantFactory, RoundParticipant
 from locomesh.training.run_settings import ParticipantError, RoundSettings
 
@@ -83,7 +83,6 @@ class RoundService:
         crdt: CrdtService,
         checkpoints: CheckpointService,
         *,
-        attack: str = "",
         archive: bool = False,
         device: str = "cpu",
         local_workers: int = 1,
@@ -95,7 +94,7 @@ class RoundService:
         offload: Offload = trio.to_thread.run_sync,
         shard_service: type[ShardService] = ShardService,
     ) -> None:
-        """`participant_factory(manifest body, our public key, attack)` and `compute` exist for the
+        """`participant_factory(manifest body, our public key)` and `compute` exist for the
         simulator, which models training time instead of spending it, as does `offload` (how blocking
         store work runs); the daemon uses the defaults (`training.participant.Participant.for_run`,
         worker threads). `archive`: keep every payload of every round in the store (`payloads`).
@@ -114,7 +113,6 @@ class RoundService:
         self.offload = offload
         self.crdt = crdt
         self.checkpoints = checkpoints
-        self.attack = attack or None
         self.participations: dict[bytes, tuple[RunParticipation, trio.CancelScope]] = {}
         self.shards = ShardHoldings()  # what sharded exchange serves, for every run (node/exchange/)
         self.shard_service = shard_service
@@ -224,7 +222,7 @@ class RoundService:
         assert self._node is not None
         try:
             return await self.offload(  # a thread in the daemon; inline (deterministic) in netsim
-                factory, body, self._node.identity.public_key, self.attack
+                factory, body, self._node.identity.public_key
             )
         except ParticipantError as error:
             raise RpcError(BAD_RUN, f"cannot train this run here: {error}") from None
@@ -298,8 +296,7 @@ class RoundService:
 
     async def leave(self, run_id: bytes) -> int:
         """Stop training in `run_id` after the round under way; the last round this node counts in."""
-        if run_id not in self.participations:
-            raise RpcError(NOT_JOINED, f"this node has not joined run {short_run_id(run_id)}")
+        self._joined(run_id)  # refuses a run this node does not train in, saying why
         participation, scope = self.participations.pop(run_id)
         machine = participation.machine
         committed = machine.phase.value in ("collect", "aggregate", "voted")
@@ -333,7 +330,7 @@ class RoundService:
             with scope:
                 try:
                     await participation.run()
-                except Exception as error:  # noqa: BLE001 - one run's bug must not take the daemon down
+                except Exception as error:  # one run's bug must not take the daemon down
                     logger.exception("run %s: training stopped", short_run_id(participation.run_id))
                     participation.failure = _describe(error)
         finally:  # left, failed, or the node stops: its compute threads are done by now (trio waits for them)
@@ -350,18 +347,18 @@ class RoundService:
     # --- RPC ----------------------------------------------------------------------------------
 
     async def _rpc_join(self, run_id: str) -> dict[str, Any]:
-        raw_id = _parse(run_id, self._known_ids())
-        manifest = await self._find_manifest(raw_id)
-        first = await self.join(manifest)
+        raw_id = await self.registry.resolve(run_id, look_up=True)  # a short ID from `run browse` too
+        run, _source = await self.registry.find(raw_id)
+        first = await self.join(run.manifest)
         return {"run_id": format_run_id(raw_id), "joins_at": first}
 
     async def _rpc_leave(self, run_id: str) -> dict[str, Any]:
-        raw_id = _parse(run_id, self._known_ids())
+        raw_id = await self.registry.resolve(run_id)
         return {"run_id": format_run_id(raw_id), "last_round": await self.leave(raw_id)}
 
     async def _rpc_pause(self, run_id: str) -> dict[str, Any]:
         """Sit the run's rounds out after the round under way, keeping its state current (pauses.py)."""
-        raw_id = _parse(run_id, self._known_ids())
+        raw_id = await self.registry.resolve(run_id)
         participation = self._joined(raw_id)
         await self.offload(self.paused.pause, raw_id)  # an fsync'd file: off the event loop
         participation.paused = True
@@ -372,14 +369,14 @@ class RoundService:
     async def _rpc_resume(self, run_id: str) -> dict[str, Any]:
         """Contribute again, from the next round this node can join, with the state it holds;
         {"run_id", "paused": False, "round": the round of that state}."""
-        raw_id = _parse(run_id, self._known_ids())
+        raw_id = await self.registry.resolve(run_id)
         participation = self._joined(raw_id)
         await self.offload(self.paused.resume, raw_id)
         participation.paused = False
         return {"run_id": format_run_id(raw_id), "paused": False, "round": participation.machine.state_round}
 
     async def _rpc_status(self, run_id: str) -> dict[str, Any]:
-        raw_id = _parse(run_id, self._known_ids())
+        raw_id = await self.registry.resolve(run_id)
         if raw_id not in self.participations:
             return await self._left_status(raw_id)
         participation = self._joined(raw_id)
@@ -399,7 +396,7 @@ class RoundService:
             if last is not None:
                 history = await self.offload(read_history, self._data_dir, run_id, HISTORY)
         if last is None or history is None:
-            raise RpcError(NOT_JOINED, f"this node has not joined run {short_run_id(run_id)}")
+            raise self._not_joined(run_id)
         replica = self.crdt.replicas.get(run_id)  # the run's state, where this node still replicates it
         state = None if replica is None else replica.state
         return {
@@ -414,7 +411,7 @@ class RoundService:
     async def _rpc_export(self, run_id: str, directory: str) -> dict[str, Any]:
         """Write the run's certified model into `directory` (an absolute path) as the files of a
         checkpoint directory other tools load (`RunParticipation.export`)."""
-        raw_id = _parse(run_id, self._known_ids())
+        raw_id = await self.registry.resolve(run_id)
         if not isinstance(directory, str) or not os.path.isabs(directory):
             raise RpcError.invalid_params("directory must be an absolute path")
         try:
@@ -425,31 +422,24 @@ class RoundService:
             raise RpcError(-32000, f"cannot write {directory}: {error.strerror}") from None
         return {**exported, "run_id": format_run_id(raw_id), "directory": directory}
 
-    def _known_ids(self) -> list[bytes]:
-        return [run.run_id for run in self.registry.store.runs()]
-
     def _member_peers(self) -> list[str]:
         """The peer IDs of the other members of every run we take part in."""
         return [peer for participation, _ in self.participations.values() for peer in participation.other_members()]
 
     def _joined(self, run_id: bytes) -> RunParticipation:
         if run_id not in self.participations:
-            raise RpcError(NOT_JOINED, f"this node has not joined run {short_run_id(run_id)}")
+            raise self._not_joined(run_id)
         return self.participations[run_id][0]
 
-    async def _find_manifest(self, run_id: bytes) -> bytes:
-        known = self.registry.store.get(run_id)
-        if known is not None:
-            return known.manifest
-        assert self.registry.discovery is not None
-        try:
-            found = await self.registry.discovery.find_run(run_id)
-        except DiscoveryError as error:
-            raise RpcError(-32000, f"run lookup failed: {error}") from None
-        if found is None:
-            raise RpcError(RUN_NOT_FOUND, f"no public run {format_run_id(run_id)} found in the DHT")
-        self.registry.store.add(found[0], "seen")
-        return found[0]
+    def _not_joined(self, run_id: bytes) -> RpcError:
+        """Why this node has no part in `run_id`: it knows no such run (a typo, a run of another
+        network), or it knows the run but never joined it, and then how to."""
+        full = format_run_id(run_id)
+        if not self.registry.knows(run_id):
+            return RpcError(RUN_NOT_FOUND, f"no such run: this node knows no run {full} (`locomesh run list` "
+                                           "shows the runs it knows, `locomesh run browse` the public ones)")
+        return RpcError(NOT_JOINED, f"this node has not joined run {short_run_id(run_id)}; "
+                                    f"join it with: locomesh run join {full}")
 
     def _summary(self) -> dict[str, Any]:
         return {
@@ -467,16 +457,6 @@ def _timing(hparams: dict[str, Any]) -> Timing:
     except ParticipantError as error:
         raise RpcError(BAD_RUN, f"cannot train this run here: {error}") from None
     return Timing(round_deadline=settings.round_deadline_s, min_peers=settings.min_peers)
-
-
-def _parse(run_id: Any, known: Iterable[bytes]) -> bytes:
-    """`run_id` as a full ID (a unique prefix of one of the `known` IDs too); `RpcError` saying what is wrong."""
-    if not isinstance(run_id, str):
-        raise RpcError.invalid_params("run_id must be a string")
-    try:
-        return parse_run_id(run_id, known)
-    except ProtocolError as error:
-        raise RpcError.invalid_params(error.reason) from None
 
 
 def _describe(error: BaseException) -> str:

@@ -137,7 +137,7 @@ class LocalOnly:
             await self.app(scope, receive, tracked_send)
         except _CLIENT_GONE as error:  # the answer could not go out: nobody left to tell
             logger.debug("HTTP client of %s went away: %r", scope.get("path", "?")[:64], error)
-        except Exception:  # noqa: BLE001 - a bug in one handler must not reach the server
+        except Exception:  # a bug in one handler must not reach the server
             logger.exception("HTTP handler for %s failed", scope.get("path", "?")[:64])
             if not started:
                 await refusal(500, "internal error")(scope, receive, send)

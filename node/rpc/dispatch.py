@@ -170,7 +170,7 @@ class RpcDispatcher:
             result = self._encodable(method, await self.registry.call(method, params))
         except RpcError as error:
             response = _error_response(request_id, error)
-        except Exception:  # noqa: BLE001 - a bug in a method must not kill the server
+        except Exception:  # a bug in a method must not kill the server
             logger.exception("RPC method %s failed", method)
             response = _error_response(request_id, RpcError(INTERNAL_ERROR, "internal error"))
         else:

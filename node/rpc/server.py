@@ -148,7 +148,7 @@ class RpcServer:
         async with stream:
             try:
                 await self._serve_in_a_slot(config, stream)
-            except Exception as error:  # noqa: BLE001 - one connection's failure must not reach the others
+            except Exception as error:  # one connection's failure must not reach the others
                 self._failures.warning("a local HTTP connection failed: %s", _describe(error))
                 logger.debug("the failure", exc_info=True)
 

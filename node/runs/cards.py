@@ -131,7 +131,7 @@ class CardPublisher:
         while True:
             try:
                 await self.update()
-            except Exception:  # noqa: BLE001 - a bug in the directory must not take the node down
+            except Exception:  # a bug in the directory must not take the node down
                 logger.exception("updating this node's run cards failed")
             await trio.sleep(self.poll_interval)
 

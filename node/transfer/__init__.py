@@ -10,7 +10,6 @@ Modules, one job each:
 * `download`: one multi-source download, every chunk verified, size limits checked first;
 * `sinks`: where a download puts what it fetched: the store, or memory (`held`);
 * `schedule`: which chunk to ask which provider for (sans-IO);
-* `stream_pool`: data-plane streams kept per provider and reused;
 * `dataplane`: a plain TCP listener beside libp2p whose every byte is sealed;
 * `dataplane_crypto`: its key agreement and frame sealing (AES-GCM);
 * `dataplane_sessions`: its caps on what any peer or stranger can make it hold (sans-IO).

@@ -48,7 +48,9 @@ from locomesh.protocol.kinds import CKPT_DATAPLANE_HELLO, CKPT_DATAPLANE_OFFER, 
 
 from locomesh.node.bandwidth import SLICE, Bandwidth, TokenBucket, slices
 from locomesh.node.transfer.wire import read_signed, remote_peer
-from locomesh.node.transfer.dataplane_crypto import HEADER_SIZE, TAG_SIZE, DataPlaneError, FrameOpener, FrameSealer, SessionKeys, derive_keys, transcript
+from locomesh.node.transfer.dataplane_crypto import (
+    HEADER_SIZE, TAG_SIZE, DataPlaneError, FrameOpener, FrameSealer, SessionKeys, derive_keys, transcript,
+)
 from locomesh.node.transfer.dataplane_sessions import (
     ANSWER_FRAME, FIRST_FRAME, FIRST_FRAME_TIMEOUT, HELLO, READY, REQUEST_FRAME, SessionTable,
     UnauthenticatedConnections, source_of,

@@ -91,7 +91,8 @@ class DownloadProgress:
         return {
             "id": self.checkpoint_id.hex(), "state": self.state, "chunks_total": self.chunks_total,
             "chunks_stored": self.chunks_stored, "chunks_fetched": self.chunks_fetched,
-            "bytes_fetched": self.bytes_fetched, "bytes_total": self.bytes_total, "error": self.error, "providers": self.providers,
+            "bytes_fetched": self.bytes_fetched, "bytes_total": self.bytes_total, "error": self.error,
+            "providers": self.providers,
             "seconds": self._seconds(),
         }
 
@@ -332,7 +333,7 @@ async def _fetch_manifest(
         except CheckpointError as error:
             scores.strike(peer, f"manifest: {error.reason}")
             problems.append(f"{peer}: {error}")
-        except Exception as error:  # noqa: BLE001 - classified; bugs re-raised
+        except Exception as error:  # classified; bugs re-raised
             if error_code(error) == "internal" and not isinstance(error, DialError):
                 raise
             problems.append(f"{peer}: {error}")
@@ -430,7 +431,7 @@ class _ChunkFetcher:
             if error.code == "too-large":  # it offered more bytes than the chunk has: a lie
                 return self._bad(peer, index, error.reason)
             return self._failed(peer, index, error)
-        except Exception as error:  # noqa: BLE001 - classified; bugs re-raised
+        except Exception as error:  # classified; bugs re-raised
             if error_code(error) == "internal" and not isinstance(error, DialError):
                 raise
             return self._failed(peer, index, error)

@@ -28,7 +28,7 @@ trio layer (`download`) runs a few workers per provider, each asks
   last). A copy never goes to a provider with work of its own, where it
   would share the uplink with, and so delay, chunks nobody else is fetching
   (netsim `checkpoint`: copies taken as soon as a window slot opened made
-  the tail of a 4-provider download longer; README, Measured figures). The first verified copy
+  the tail of a 4-provider download longer; docs/measurements.md). The first verified copy
   wins; `holders(index)` then names the providers still fetching it, whose
   requests the trio layer cancels (`SUPERSEDED`): their uplinks are needed
   for other chunks. A vanished provider cannot hold the tail back.

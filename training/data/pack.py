@@ -65,7 +65,7 @@ def open_tokenizer(path: str | os.PathLike, eos: str | None = None) -> Tokenizer
         tokenizer = Tokenizer.from_str(raw.decode("utf-8"))
     except OSError as exc:
         raise DatasetError("bad-input", f"cannot read the tokenizer {path}: {exc.strerror or exc}") from None
-    except Exception as exc:  # the tokenizers library raises plain Exceptions for a bad file
+    except Exception as exc:  # noqa: BLE001 - the tokenizers library raises plain Exceptions for a bad file
         raise DatasetError("bad-tokenizer", f"{path} is not a tokenizer.json: {str(exc)[:200]}") from None
     vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
     return TokenizerFile(raw, tokenizer, vocab_size, _eos_id(tokenizer, eos, path))

@@ -10,8 +10,9 @@ waits for it, with a timeout, before it sends the next):
     ("close",), or the pipe's end-of-file  ->  the rank leaves the group and exits
 
 Anything that goes wrong is reported as ("error", traceback, lost_peer) before the rank exits, so
-the parent can say what happened (`lost_peer`: a collective failed, so the cause is another rank). A watcher thread ends the process once its parent is gone, also while it
-is stuck in a collective that would only time out later.
+the parent can say what happened (`lost_peer`: a collective failed, so the cause is another
+rank). A watcher thread ends the process once its parent is gone, also while it is stuck in a
+collective that would only time out later.
 """
 
 from __future__ import annotations

@@ -262,7 +262,7 @@ def _locate(files: Mapping[Path, set[str] | None], stack: ExitStack) -> dict[str
     for file, assigned in files.items():
         try:
             handle = stack.enter_context(safe_open(str(file), framework="pt"))
-        except Exception as error:  # safetensors raises its own SafetensorError, or OSError
+        except Exception as error:  # noqa: BLE001 - safetensors raises its own SafetensorError, or OSError
             message = f"{file}: not a readable safetensors file: {error}"
             raise LlamaCheckpointError(message) from None
         names = set(handle.keys())

@@ -48,7 +48,7 @@ from libp2p.transport.exceptions import OpenConnectionError
 from libp2p.transport.tcp.tcp import TCP, TCPListener
 from multiaddr import Multiaddr
 
-from locomesh.node.nat.addresses import tcp_endpoint
+from locomesh.node.addresses import tcp_endpoint
 
 logger = logging.getLogger(__name__)
 

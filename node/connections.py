@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from locomesh.node.nat.addresses import is_relayed, remote_ip
+from locomesh.node.addresses import is_relayed, remote_ip
 
 DIRECT, RELAYED = "direct", "relayed"
 

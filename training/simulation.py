@@ -1,4 +1,5 @@
-"""DiLoCo in one process: N simulated workers, R rounds, and the data-parallel baseline beside it.
+"""DiLoCo simulated in one process (not the node's code path: `participant.py` is): N workers, R
+rounds, and the data-parallel baseline beside it.
 
 `simulate_diloco` runs the real pieces of a round in order, with the network taken out:
 
@@ -35,7 +36,7 @@ from .codec import CodecError, Encoder, decode, non_finite_payload, split_payloa
 from .flat import flatten, param_count, unflatten_into
 from .inner import InnerConfig, Worker, make_optimizer, optimizer_step
 from .outer import OuterConfig, OuterStep
-from .scoring import ScoringConfig, excluded, score_contributions, shrunk, weights
+from .scoring import Reputation, ScoringConfig, excluded, score_contributions, shrunk, weights
 from .shards import DEFAULT_SHARD_VALUES, ShardLayout, sharded_step
 from .tasks import Task
 
@@ -139,7 +140,8 @@ def simulate_diloco(
             peer_momentum=config.peer_momentum,
         ),
     )
-    adversary = _Adversary(byzantine, config)
+    reputation = Reputation(config.scoring) if config.scoring is not None else None
+    adversary = _Adversary(byzantine, config, reputation)
     layout = ShardLayout(theta.size, config.shard_values) if config.exchange == "sharded" else None
     history: list[RoundRecord] = []
     bytes_sent = 0
@@ -154,7 +156,8 @@ def simulate_diloco(
         scratch = workers[honest[0]].model  # any model to score or evaluate in: every round reloads θ
         estimate = _score_estimator(task, scratch, theta, config, round_index)
         payloads.update(adversary.payloads(round_index, honest_deltas, list(payloads.values()), outer, estimate))
-        scores, left_out, aggregated = _scored(task, scratch, theta, payloads, outer.previous, config, round_index)
+        scores, left_out, aggregated = _scored(task, scratch, theta, payloads, outer.previous, config, round_index,
+                                               reputation)
         if layout is None:
             bytes_sent += len(payloads[_author(honest[0])])
             outcome = outer.step(aggregated)
@@ -182,8 +185,9 @@ def simulate_diloco(
 class _Adversary:
     """The colluding Byzantine workers: they see the honest Δs and past payloads of every round."""
 
-    def __init__(self, attacks: Mapping[int, Attack], config: DiLoCoConfig):
+    def __init__(self, attacks: Mapping[int, Attack], config: DiLoCoConfig, reputation: Reputation | None = None):
         self.attacks = attacks
+        self.reputation = reputation
         self.config = config
         self.encoder = Encoder(config.codec, error_feedback=False)
         self.past_payloads: list[list[bytes]] = []
@@ -208,6 +212,7 @@ class _Adversary:
             momentum=outer.momentum,
             scoring=self.config.scoring,
             estimate_scores=estimate_scores,
+            reputation=self._reputation(),
         )
         sent = {}
         for index, attack in sorted(self.attacks.items()):
@@ -216,10 +221,16 @@ class _Adversary:
         self.past_payloads.append(honest_payloads)
         return sent
 
+    def _reputation(self) -> list[float] | None:
+        """The colluders' relative scores of their last rounds (they send the same: any one's)."""
+        if self.reputation is None or not self.attacks:
+            return None
+        return self.reputation.relative.get(_author(max(self.attacks)), [])
+
 
 def _scored(task: Task, scratch: torch.nn.Module, theta: np.ndarray, payloads: Mapping[str, bytes],
             center: np.ndarray | None, config: DiLoCoConfig,
-            round_index: int) -> tuple[dict[str, float], set[str], Mapping[str, bytes]]:
+            round_index: int, reputation: Reputation | None = None) -> tuple[dict[str, float], set[str], Mapping[str, bytes]]:
     """With scoring: the round's scores (`scoring.py`, on batches from the round's seed; a payload
     that does not decode is not scored: the outer step rejects it), who the policy leaves out, and
     the payloads to aggregate (the others, shrunk by their weights under "weight"); without:
@@ -234,7 +245,12 @@ def _scored(task: Task, scratch: torch.nn.Module, theta: np.ndarray, payloads: M
             continue
     seed = _round_seed("scoring", config.run_seed, round_index)
     scores = score_contributions(task, scratch, theta, deltas, seed=seed, config=config.scoring)
-    left_out = excluded(scores, config.scoring)
+    if config.scoring.policy == "reputation":
+        assert reputation is not None
+        left_out = reputation.excluded(payloads)
+        reputation.record(scores)
+    else:
+        left_out = excluded(scores, config.scoring)
     if config.scoring.policy == "weight":
         payloads = _weighed(payloads, deltas, scores, center, config)
     return scores, left_out, {author: payload for author, payload in payloads.items() if author not in left_out}

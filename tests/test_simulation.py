@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from locomesh.training.diloco import DDPConfig, DiLoCoConfig, simulate_ddp, simulate_diloco
+from locomesh.training.simulation import DDPConfig, DiLoCoConfig, simulate_ddp, simulate_diloco
 from locomesh.training.flat import flatten, param_count, unflatten_into
 from locomesh.training.inner import InnerConfig, Worker
 from locomesh.training.outer import params_hash
