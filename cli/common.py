@@ -101,23 +101,27 @@ def on_terminal() -> bool:
 
 class TextTable(str):
     """A table: the plain text scripts, pipes and tests read (it *is* that string), which keeps its
-    cells so that `emit` has rich draw it on a terminal instead."""
+    cells so that `emit` has rich draw it on a terminal instead, fitted to its width (`table_fit`)."""
 
     header: tuple[str, ...] | None  # None: "label  value" pairs
     rows: list[tuple[str, ...]]
+    optional: tuple[str, ...]  # columns a narrow terminal may leave out, the least useful first
+    after: str  # plain lines under the table, printed as they are on a terminal too (see `followed_by`)
 
-    def __new__(cls, text: str, header: tuple[str, ...] | None, rows: list[tuple[str, ...]]) -> TextTable:
+    def __new__(cls, text: str, header: tuple[str, ...] | None, rows: list[tuple[str, ...]], *,
+                optional: Sequence[str] = (), after: str = "") -> TextTable:
         table = super().__new__(cls, text)
-        table.header, table.rows = header, rows
+        table.header, table.rows, table.optional, table.after = header, rows, tuple(optional), after
         return table
 
     @classmethod
-    def columns(cls, header: Sequence[str], rows: Sequence[Sequence[Any]]) -> TextTable:
-        """A header row and rows, each column as wide as its widest cell, two spaces apart."""
+    def columns(cls, header: Sequence[str], rows: Sequence[Sequence[Any]], *, optional: Sequence[str] = ()) -> TextTable:
+        """A header row and rows, each column as wide as its widest cell, two spaces apart. On a
+        terminal too narrow for every column, the `optional` ones are left out, the first first."""
         cells = [tuple(header), *(tuple(str(cell) for cell in row) for row in rows)]
         widths = [max(len(row[column]) for row in cells) for column in range(len(header))]
         text = "\n".join("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in cells)
-        return cls(text, cells[0], cells[1:])
+        return cls(text, cells[0], cells[1:], optional=optional)
 
     @classmethod
     def pairs(cls, rows: Sequence[tuple[str, Any]]) -> TextTable:
@@ -126,35 +130,18 @@ class TextTable(str):
         text = "\n".join(f"{label:<{width}}  {value}" for label, value in rows)
         return cls(text, None, [(label, str(value)) for label, value in rows])
 
+    def followed_by(self, lines: str) -> TextTable:
+        """This table with `lines` under it. On a terminal they are printed as they are, not by rich,
+        which would break a long line (an address to copy) into pieces at its width."""
+        after = f"{self.after}\n{lines}" if self.after else lines
+        return TextTable(f"{self}\n{lines}", self.header, self.rows, optional=self.optional, after=after)
+
     def to_rich(self) -> Any:
-        """The same cells as a `rich.table.Table` (cells as `Text`: a "[...]" in a value is not markup)."""
-        from rich import box
-        from rich.table import Table
-        from rich.text import Text
+        """The same cells as a rich renderable that fits the width it is drawn at (cells as `Text`:
+        a "[...]" in a value is not markup)."""
+        from .table_fit import FittedTable
 
-        if self.header is None:
-            table = Table.grid(padding=(0, 2))
-            table.add_column(style="bold cyan")
-            table.add_column()
-        else:
-            table = Table(box=box.SIMPLE_HEAD, header_style="bold", pad_edge=False)
-            for column, name in enumerate(self.header):
-                numbers = all(_number(row[column]) for row in self.rows) and bool(self.rows)
-                table.add_column(name, justify="right" if numbers else "left")  # digits line up
-        for row in self.rows:
-            table.add_row(*(Text(cell) for cell in row))
-        return table
-
-
-def _number(cell: str) -> bool:
-    """Does the cell read as a number ("-" for none, a unit after it: "94 KiB")?"""
-    if cell == "-":
-        return True
-    try:
-        float(cell.split(" ")[0])
-    except ValueError:
-        return False
-    return True
+        return FittedTable(self)
 
 
 def emit(text: str) -> None:
@@ -163,6 +150,8 @@ def emit(text: str) -> None:
         from rich.console import Console
 
         Console().print(text.to_rich())
+        if text.after:
+            print(text.after)
     else:
         print(text)
 

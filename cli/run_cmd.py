@@ -42,7 +42,7 @@ from typing import Any
 from .client import EXIT_OK, EXIT_USAGE, DaemonNotRunning, RpcCallError, RpcClient
 from .common import RUN_ID_HELP, TextTable, add_data_dir_argument, data_dir_of, emit, fail, no_daemon, on_terminal, refused
 from .run_browse import BROWSE_TIMEOUT
-from .run_view import format_status, show_status
+from .run_view import format_status, joined_text, show_status
 
 # Looking a run up in the DHT can take a while on a large network; creating one publishes it.
 RPC_TIMEOUT = 60.0
@@ -190,10 +190,6 @@ def join_run(args: argparse.Namespace) -> int:
     from .watch_cmd import follow_join
 
     return _guarded(lambda: follow_join(_client(args), args.run_id, timeout=args.timeout, rich=on_terminal()))
-
-
-def joined_text(result: dict[str, Any]) -> str:
-    return f"joined; training from round {result['joins_at']}"
 
 
 @_exits

@@ -10,16 +10,20 @@ from typing import Any
 
 from .common import TextTable, emit, human_size, peer_name, plural
 
-ROUND_COLUMNS = ("ROUND", "DONE AT", "EVAL LOSS", "FLOOR", "TRAIN LOSS", "PAYLOADS", "SENT", "FETCHED", "TRAIN (s)",
-                 "FETCH (s)", "OUTER (s)", "EXCHANGE (s)", "ROUND (s)")
+ROUND_COLUMNS = ("ROUND", "DONE AT", "EVAL LOSS", "FLOOR", "TRAIN LOSS", "OUR PART", "PAYLOADS", "SENT", "FETCHED",
+                 "TRAIN (s)", "FETCH (s)", "OUTER (s)", "EXCHANGE (s)", "ROUND (s)")
 # What the table's columns hold, under it: the terms are this project's, the reader's may differ.
 ROUND_LEGEND = (
-    "DONE AT: local time the round finished here; FLOOR: the lowest loss the task allows; PAYLOADS: contributions "
-    "aggregated (synced: the state was downloaded instead); TRAIN: our inner steps; FETCH: from the last commit to "
-    "the last payload in hand; OUTER: the outer step (decode, aggregate, Nesterov); EXCHANGE: fetch and outer step; "
-    "ROUND: from the start of our training to the round's certificate"
+    "DONE AT: local time the round finished here; FLOOR: the lowest loss the task allows; OUR PART: what became of "
+    "this node's part (counted: our payload is in the certified set; not counted: sent but left out, why under the "
+    "table; sat out: paused, outside the schedule or not a member yet; synced only: not trained here); PAYLOADS: "
+    "contributions aggregated here (-: the state was downloaded instead); TRAIN: our inner steps; FETCH: from the "
+    "last commit to the last payload in hand; OUTER: the outer step (decode, aggregate, Nesterov); EXCHANGE: fetch "
+    "and outer step; ROUND: from the start of our training to the round's certificate"
 )
 SHOWN_PEERS = 3  # peers a "waiting for" line names; the rest are counted
+# node/rounds/outcome.py's kinds as a line says them: "synced" alone read as "my work was discarded".
+OUTCOME_WORDS = {"counted": "contributed, counted", "not counted": "contributed, not counted"}
 
 # Round machine phases (node/rounds/events.py `Phase`) in a user's words.
 PHASE_WORDS = {
@@ -28,21 +32,40 @@ PHASE_WORDS = {
     "voted": "waiting for the certificate", "sync": "syncing the run's state",
     "paused": "paused: sitting rounds out, keeping the state current",
     "sitting out": "sitting rounds out (its schedule or limits), keeping the state current",
+    "rejoining": "rejoining the run after the restart",
 }
 
 
 def round_line(record: dict[str, Any]) -> str:
-    """One finished round: eval loss (and the floor), train loss, payloads aggregated or synced,
-    bytes sent and fetched, then each time labelled (training, exchange, fetch, outer step, round)."""
+    """One finished round: eval loss (and the floor), train loss, what became of our part, payloads
+    aggregated here, bytes sent and fetched, then each time labelled (training, exchange, fetch,
+    outer step, round)."""
     parts = [f"eval loss {_loss(record['eval_loss'])}" + ("" if record["floor"] is None else f" (floor {record['floor']:.4f})")]
     if record.get("train_loss") is not None:
         parts.append(f"train loss {record['train_loss']:.4f}")
-    parts.append("synced" if record["synced"] else plural(record['contributors'], 'payload'))
+    parts.append(outcome_text(record))
+    if record["contributors"]:
+        parts.append(f"{plural(record['contributors'], 'payload')} aggregated")
     if record.get("payload_bytes"):
         parts.append(f"{_size(record['payload_bytes'])} sent")
     if record.get("bytes_fetched"):
         parts.append(f"{_size(record['bytes_fetched'])} fetched")
     return f"round {record['round']:>4}: " + ", ".join(parts) + "; " + ", ".join(_times(record))
+
+
+def outcome_text(record: dict[str, Any]) -> str:
+    """What became of this node's part in the round, and why where it knows: "contributed, counted",
+    "contributed, not counted (committed after the cut)", "sat out (paused)", "synced only"."""
+    words = OUTCOME_WORDS.get(outcome_kind(record), outcome_kind(record))
+    return words + (f" ({record['outcome_why']})" if record.get("outcome_why") else "")
+
+
+def outcome_kind(record: dict[str, Any]) -> str:
+    """The record's outcome (node/rounds/outcome.py); for one kept before outcomes were, what it
+    still tells: a payload sent (a train loss) or a state computed here means we contributed."""
+    if record.get("outcome"):
+        return record["outcome"]
+    return "synced only" if record["synced"] and record.get("train_loss") is None else "contributed"
 
 
 def _times(record: dict[str, Any]) -> list[str]:
@@ -58,15 +81,20 @@ def _times(record: dict[str, Any]) -> list[str]:
     return times
 
 
+# Columns a narrow terminal leaves out first (cli/table_fit.py): the floor (one figure a run), the
+# exchange's parts, bytes, then times.
+ROUND_OPTIONAL = ("FLOOR", "FETCH (s)", "OUTER (s)", "FETCHED", "SENT", "TRAIN (s)", "EXCHANGE (s)", "DONE AT", "TRAIN LOSS")
+
+
 def round_table(records: list[dict[str, Any]]) -> TextTable:
     """Finished rounds as a table, one row each (`ROUND_COLUMNS`)."""
-    return TextTable.columns(ROUND_COLUMNS, [_cells(record) for record in records])
+    return TextTable.columns(ROUND_COLUMNS, [_cells(record) for record in records], optional=ROUND_OPTIONAL)
 
 
 def _cells(record: dict[str, Any]) -> tuple[str, ...]:
     return (
         str(record["round"]), _clock(record.get("finished_at")), _loss(record["eval_loss"]), _loss(record["floor"]),
-        _loss(record.get("train_loss")), "synced" if record["synced"] else str(record["contributors"]),
+        _loss(record.get("train_loss")), outcome_kind(record), str(record["contributors"] or "-"),
         _size(record.get("payload_bytes")), _size(record.get("bytes_fetched")), _seconds(record.get("train_seconds")),
         _seconds(record.get("fetch_seconds")), _seconds(record.get("aggregate_seconds")),
         _seconds(record.get("exchange_seconds")), _seconds(record["seconds"]),
@@ -77,6 +105,8 @@ def phase_text(status: dict[str, Any]) -> tuple[str, str]:
     """What the round under way does (``run.status``), as (what, waiting for what and whom): the
     first part changes with the phase, the second with every commit or vote that arrives."""
     phase = status["phase"]
+    if phase == "rejoining":  # no round of ours under way yet
+        return PHASE_WORDS[phase], ""
     if phase == "sync":
         return f"syncing the run's state (certified round {status['certified']})", ""
     return f"round {status['round'] + 1}: {PHASE_WORDS.get(phase, phase)}", waiting_text(status.get("waiting"))
@@ -116,6 +146,16 @@ def _clock(when: float | None) -> str:
     return "-" if not when else time.strftime("%H:%M:%S", time.localtime(when))
 
 
+def joined_text(result: dict[str, Any]) -> str:
+    """`run.join`'s answer in a line: the first round it trains, unless it sits rounds out now
+    (then a round number would promise what its schedule or a pause will not keep)."""
+    if result.get("outside_schedule"):
+        return f"joined; outside this node's schedule ({result['outside_schedule']}): training from the next window"
+    if result.get("sitting_out"):
+        return f"joined; sitting rounds out for now: {result['sitting_out']}"
+    return f"joined; training from round {result['joins_at']}"
+
+
 # --- `run status` ------------------------------------------------------------------------------
 
 
@@ -130,6 +170,8 @@ def show_status(status: dict[str, Any]) -> None:
     print("\n".join(status_head(status)))
     if status["history"]:
         emit(round_table(status["history"]))
+        for line in _left_out_lines(status["history"]):
+            print(line)
         print(f"  ({ROUND_LEGEND})")
     if status.get("scores"):
         print("\n".join(_score_lines(status)))
@@ -138,6 +180,10 @@ def show_status(status: dict[str, Any]) -> None:
 def status_head(status: dict[str, Any]) -> list[str]:
     """The lines above the rounds: the run, this node's phase in it, what the round under way waits
     for (and on whom), the device, the dataset, the members; for a run left, only that."""
+    if status.get("phase") == "rejoining":
+        return [f"rejoining run {status['run_id']} after the restart: it trains again once its model is built and "
+                f"its participants met; {plural(len(status['history']), 'round')} it finished here kept",
+                *_member_lines(status)]
     if status.get("training") is False:
         return [f"run {status['run_id']}: not training (left after round {status.get('left_after')}); "
                 f"{plural(len(status['history']), 'round')} it finished here kept", *_member_lines(status)]
@@ -175,6 +221,12 @@ def _round_lines(status: dict[str, Any]) -> list[str]:
     if not status["history"]:
         return []
     return ["  rounds finished here:", *(f"  {round_line(record)}" for record in status["history"])]
+
+
+def _left_out_lines(records: list[dict[str, Any]]) -> list[str]:
+    """Why each round that left our payload out did so, under the table (its cell has no room)."""
+    return [f"  round {record['round']}: {outcome_text(record)}" for record in records
+            if outcome_kind(record) == "not counted" and record.get("outcome_why")]
 
 
 def _score_lines(status: dict[str, Any]) -> list[str]:

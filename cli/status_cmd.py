@@ -10,6 +10,8 @@ import argparse
 import time
 from typing import Any
 
+from locomesh.node.dial_addrs import PUBLIC, RELAYED
+
 from .common import TextTable, add_data_dir_argument, human_size, show_call
 from .peers_cmd import add_subcommands
 
@@ -55,7 +57,23 @@ def format_status(status: dict[str, Any]) -> str:
     for label, key in (("listening on", "listen_addrs"), ("observed as", "observed_addrs")):
         addresses = status.get(key) or ["-"]
         rows.extend((label if index == 0 else "", address) for index, address in enumerate(addresses))
-    return TextTable.pairs(rows)
+    table = TextTable.pairs(rows)
+    return table if "dial_addrs" not in status else table.followed_by("\n".join(dial_lines(status["dial_addrs"])))
+
+
+def dial_lines(dial_addrs: list[dict[str, str]]) -> list[str]:
+    """Ready ``--bootstrap`` arguments for other nodes, each after its kind (node/dial_addrs.py):
+    the kind first, so that the address ends the line and copies whole. Under the table, not in it:
+    on a narrow terminal rich would break an address in two."""
+    if not dial_addrs:
+        return ["start other nodes with: none of this node's addresses is known yet"]
+    width = max(len(entry["kind"]) for entry in dial_addrs)
+    lines = ["start other nodes with one of these (locomesh node start --bootstrap ...):"]
+    lines.extend(f"  {entry['kind']:<{width}}  --bootstrap {entry['addr']}" for entry in dial_addrs)
+    if not any(entry["kind"] in (PUBLIC, RELAYED) for entry in dial_addrs):
+        lines.append("  (none is public or relayed yet: nodes on other networks cannot dial this one; "
+                     "`locomesh doctor` says why)")
+    return lines
 
 
 def _bandwidth_rows(bandwidth: dict[str, int] | None) -> list[tuple[str, str]]:

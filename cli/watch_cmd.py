@@ -34,7 +34,7 @@ from locomesh.node.transfer.states import RUNNING_STATES
 from .client import DEFAULT_TIMEOUT, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, DaemonNotRunning, RpcCallError, RpcClient
 from .common import add_run_action, data_dir_of, fail, no_daemon, on_terminal, plural, refused
 from .progress import View, open_view
-from .run_view import format_status, phase_text, round_line, round_table
+from .run_view import format_status, joined_text, phase_text, round_line, round_table
 
 POLL_SECONDS = 1.0
 FOLLOW_POLL_SECONDS = 0.5
@@ -213,7 +213,7 @@ def follow_join(client: RpcClient, run_id: str, *, timeout: float, rich: bool, p
             joined = _join_showing_downloads(client, run_id, view, poll, deadline)
         except KeyboardInterrupt:  # the daemon goes on joining: the call reached it
             return fail(f"stopped watching the join; see where it is with: locomesh run status {run_id}", EXIT_INTERRUPTED)
-        view.done("join", f"joined; training from round {joined['joins_at']}")
+        view.done("join", joined_text(joined))
         try:
             outcome = _first_round(client, run_id, joined["joins_at"], view, poll, deadline)
         except KeyboardInterrupt:  # the join is done; only the watching stops

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import trio
 
-from locomesh.training.contract import ParticipantFactory
+from locomesh.training.contract import ParticipantFactory, RoundParticipant
 
 from locomesh.node.bandwidth import BandwidthLimits
 from locomesh.node.config import NodeConfig
@@ -90,7 +90,7 @@ def node_services(config: NodeConfig, pieces: Pieces = Pieces()) -> NodeServices
                               device=config.device, local_workers=config.local_workers,
                               memory_limit=config.memory_limit,
                               train_threads=config.train_threads, schedule=TrainingSchedule.from_config(config),
-                              participant_factory=pieces.participant_factory or _adversary(config),
+                              participant_factory=pieces.participant_factory, adversary=_adversary(config),
                               compute=pieces.compute,
                               shard_service=pieces.shard_service,
                               offload=pieces.offload)
@@ -105,16 +105,16 @@ def node_services(config: NodeConfig, pieces: Pieces = Pieces()) -> NodeServices
     return NodeServices(registry, crdt, checkpoints, rounds, network, bandwidth)
 
 
-def _adversary(config: NodeConfig) -> ParticipantFactory | None:
-    """A test adversary's participants (`config.attack`: `training.adversary`), or None for an honest
-    node. The module loads torch, so it is imported on the first join, in the join's worker thread."""
+def _adversary(config: NodeConfig) -> Callable[[RoundParticipant], RoundParticipant] | None:
+    """What makes a test adversary of each participant (`config.attack`: `training.adversary`), or
+    None for an honest node. The module loads torch: imported on the first join, in its thread."""
     if not config.attack:
         return None
 
-    def attacking(body, key):
+    def attacking(honest: RoundParticipant) -> RoundParticipant:
         from locomesh.training.adversary import AttackingParticipant
+        from locomesh.training.attacks import get_attack
 
-        return AttackingParticipant.for_run(body, key, config.attack, device=config.device,
-                                            local_workers=config.local_workers, train_threads=config.train_threads)
+        return AttackingParticipant(honest, get_attack(config.attack))
 
     return attacking

@@ -18,8 +18,9 @@ closed, ``rpc.json`` and the cookie are removed, and the process exits 0.
 A second signal exits at once (status 128 + signal number); a shutdown
 that takes longer than `SHUTDOWN_TIMEOUT` seconds is cut short (status 1).
 
-A full disk, whenever a write meets it, ends the daemon with one line that
-names the file ("no space left on device: PATH; free some space or use
+A full disk met by the daemon's own writes (the lock, the key, the cookie,
+rpc.json, listen.port) or by any write whose error reaches the daemon ends it
+with one line that names the file ("no space left on device: PATH; free some space or use
 --data-dir DIR on another disk"): a `DataDirError` (`datadir.cannot_write`),
 never a traceback.
 """

@@ -154,8 +154,9 @@ class TrainingSchedule:
 
     def reason_to_sit_out(self, now: datetime) -> str | None:
         """None if the node may train at local time `now`; else why not, in plain words."""
-        if self.windows and not any(window.contains(now.time()) for window in self.windows):
-            return f"outside the schedule {', '.join(window.text for window in self.windows)}"
+        outside = self.outside_windows(now)
+        if outside is not None:
+            return f"outside the schedule {outside}"
         if self.only_on_ac_power:
             plugged = self._ac_power()
             if plugged is None:
@@ -170,6 +171,13 @@ class TrainingSchedule:
                                           "only_when_idle lets this round train")
             elif load > self.idle_share:
                 return f"the machine is busy: other processes use {load:.0%} of the CPU"
+        return None
+
+    def outside_windows(self, now: datetime) -> str | None:
+        """The windows ("22:00-07:00, 12:00-13:00") if local time `now` is outside all of them; else
+        None. Pure: no platform probe is asked (`run join` says it before any round would)."""
+        if self.windows and not any(window.contains(now.time()) for window in self.windows):
+            return ", ".join(window.text for window in self.windows)
         return None
 
     def describe(self) -> str:

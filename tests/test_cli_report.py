@@ -116,17 +116,17 @@ def test_the_timeline_splits_each_round_into_what_its_time_went_to(status):
 
 
 def test_a_round_reads_the_same_as_a_line_and_as_a_table_row(status):
-    record = status["history"][1]
-    assert round_line(record) == ("round    2: eval loss 2.6776 (floor 1.6259), train loss 2.6643, 3 payloads, "
-                                  "94.2 KiB sent, 188.6 KiB fetched; train 1.6 s, exchange 0.3 s (fetch 0.1 s, "
-                                  "outer step 0.0 s), round 2.4 s")
+    record = status["history"][1]  # recorded before outcomes were kept: a train loss says we contributed
+    assert round_line(record) == ("round    2: eval loss 2.6776 (floor 1.6259), train loss 2.6643, contributed, "
+                                  "3 payloads aggregated, 94.2 KiB sent, 188.6 KiB fetched; train 1.6 s, exchange "
+                                  "0.3 s (fetch 0.1 s, outer step 0.0 s), round 2.4 s")
     table = round_table(status["history"])
     assert table.header == ROUND_COLUMNS and len(table.rows) == 4
-    assert all(column in ("ROUND", "DONE AT", "PAYLOADS", "SENT", "FETCHED") or "LOSS" in column or column == "FLOOR"
-               or column.endswith("(s)") for column in ROUND_COLUMNS), "every time column names its unit"
+    assert all(column in ("ROUND", "DONE AT", "OUR PART", "PAYLOADS", "SENT", "FETCHED") or "LOSS" in column
+               or column == "FLOOR" or column.endswith("(s)") for column in ROUND_COLUMNS), "every time column names its unit"
     done_at = time.strftime("%H:%M:%S", time.localtime(record["finished_at"]))
-    assert table.rows[1] == ("2", done_at, "2.6776", "1.6259", "2.6643", "3", "94.2 KiB", "188.6 KiB", "1.6", "0.1",
-                             "0.0", "0.3", "2.4")
+    assert table.rows[1] == ("2", done_at, "2.6776", "1.6259", "2.6643", "contributed", "3", "94.2 KiB", "188.6 KiB",
+                             "1.6", "0.1", "0.0", "0.3", "2.4")
     assert phase_text(status) == ("round 5: training (inner steps)", "waiting for our inner steps")
     assert phase_text({**status, "phase": "sync"}) == ("syncing the run's state (certified round 4)", "")
 

@@ -269,7 +269,7 @@ def test_counts_of_one_read_in_the_singular():
     alone = {**training_status(), "members": 1, "peers": 1,
              "history": [{**record(3).to_json(), "contributors": 1}]}
     text = format_status(alone)
-    assert "1 member, 1 peer connected" in text and "1 payload," in text
+    assert "1 member, 1 peer connected" in text and "1 payload aggregated," in text
     assert "3 members, 1 peer connected" in format_status(training_status())
     left = {"run_id": "r" * 52, "phase": "left", "training": False, "left_after": 7, "history": [record(7).to_json()]}
     assert format_status(left).splitlines()[0].endswith("; 1 round it finished here kept")

@@ -51,8 +51,9 @@ CORE = frozenset({
     "__init__", "runtime", "host", "service", "streams", "peers", "meter", "bandwidth",
     "rate_limit", "whole_writes", "metrics", "peer_scores", "bootstrap", "ping", "listen_port", "connections",
     "addresses",
+    "dial_addrs",  # the addresses others can dial, for node.status (the runtime's)
     "stream_pool",  # idle streams kept per peer for reuse: the runtime closes them before its connections
-    "rpc",  # the local RPC plumbing every service registers with (DESIGN: the core's)
+    "rpc",  # the local RPC plumbing every service registers with (docs/architecture.md: the core's)
 })
 FEATURES = frozenset({
     "exchange", "rounds", "transfer", "nat", "replication", "runs", "dashboard",
@@ -163,7 +164,7 @@ def _violations() -> dict[tuple[str, str], str]:
             elif parts[0] in NOT_PRODUCTION:
                 found[(module, name)] = "test and benchmark plumbing stays out of the packages"
             elif parts[0] in THIRD_PARTY_BANS.get(package, ()):
-                found[(module, name)] = f"{package} must not import {parts[0]} (DESIGN.md, Layout)"
+                found[(module, name)] = f"{package} must not import {parts[0]} (docs/architecture.md, Layers and imports)"
     return found
 
 

@@ -24,6 +24,7 @@ def _check(report: dict) -> None:
     assert summary["rounds certified"] >= 0.85 * summary["rounds allowed"], summary
 
 
+@pytest.mark.slow  # a soak (50 s); test_netsim_train covers churn and crashes in the default suite
 def test_ten_minutes_of_churn_among_six_members():
     report = soak.run(nodes=6, seed=1, hours=0.15, churn=4.0)
     assert sum(1 for row in report["tables"][1]["rows"] if row[4] == "—") >= 2  # churn did happen

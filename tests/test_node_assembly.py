@@ -21,8 +21,8 @@ def test_the_daemon_wires_its_services_to_each_other_over_its_data_dir(tmp_path)
     assert rounds is not None
     assert (rounds.registry, rounds.crdt, rounds.checkpoints) == (services.registry, services.crdt, services.checkpoints)
     assert services.checkpoints.directory == tmp_path / "checkpoints" and services.checkpoints.dataplane
-    assert rounds.participant_factory is not None  # the test adversary's (`training.adversary`)
-    assert node_services(NodeConfig(tmp_path / "honest")).rounds.participant_factory is None  # the daemon's own
+    assert rounds.participant_factory is None and rounds.adversary is not None  # the daemon's participant, wrapped
+    assert node_services(NodeConfig(tmp_path / "honest")).rounds.adversary is None
 
 
 def test_injected_pieces_replace_the_daemons_own(tmp_path):

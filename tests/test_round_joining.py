@@ -121,3 +121,108 @@ async def test_run_status_tells_an_unknown_run_from_one_this_node_has_not_joined
         assert known.code == NOT_JOINED and known.message == (
             f"this node has not joined run {full[:16]}; join it with: locomesh run join {full}")
     assert (await refusal("not-a-run-id")).code == INVALID_PARAMS
+
+
+def window(inside: bool) -> str:
+    """A schedule window that holds local time now (an hour on each side), or one that starts in two hours."""
+    from datetime import datetime, timedelta
+
+    start = datetime.now() + timedelta(hours=-1 if inside else 2)
+    return f"{start:%H:%M}-{start + timedelta(hours=2 if inside else 1):%H:%M}"
+
+
+async def test_run_join_outside_the_schedule_says_training_starts_with_the_next_window(tmp_path):
+    """Issue #37: `run join` said "training from round 5" while the node sat rounds out until its
+    schedule's window opened."""
+    from datetime import datetime
+
+    from locomesh.cli.run_view import joined_text
+    from locomesh.node.runs.registry import RunRegistryService
+    from locomesh.node.schedule import TrainingSchedule
+    from locomesh.protocol.runs import format_run_id, run_id, sign_manifest
+
+    registry = RunRegistryService(tmp_path)
+    manifest = sign_manifest(A, task="synthetic-lm", created=1_700_000_000)
+    registry.store.add(manifest, "seen")
+    full = format_run_id(run_id(manifest))
+
+    async def joined(schedule: TrainingSchedule) -> dict:
+        service = RoundService(registry, None, None, schedule=schedule)
+
+        async def join(manifest: bytes) -> int:  # a participation asks the schedule as `RunParticipation` does
+            participation = SimpleNamespace(sitting_out=lambda: schedule.reason_to_sit_out(datetime.now()))
+            service.participations[run_id(manifest)] = (participation, None)
+            return 5
+
+        service.join = join
+        return await service._rpc_join(full)
+
+    outside = window(inside=False)
+    result = await joined(TrainingSchedule([outside]))
+    assert (result["joins_at"], result["outside_schedule"]) == (5, outside)
+    assert result["sitting_out"] == f"outside the schedule {outside}"
+    assert joined_text(result) == f"joined; outside this node's schedule ({outside}): training from the next window"
+    result = await joined(TrainingSchedule([window(inside=True)]))
+    assert (result["sitting_out"], result["outside_schedule"]) == (None, None)
+    assert joined_text(result) == "joined; training from round 5"
+    assert joined_text({**result, "sitting_out": "on battery"}) == "joined; sitting rounds out for now: on battery"
+
+
+async def test_run_status_says_a_joined_run_is_being_rejoined_after_a_restart_until_its_participation_starts(
+        tmp_path, nursery, monkeypatch, capsys):
+    """Issue #37: for seconds after a restart, `run status` said "this node has not joined run ..."
+    of a run it had joined, until the automatic rejoin (`RoundService._resume`) was done."""
+    import pytest
+    import trio
+    import trio.testing
+
+    from locomesh.cli import run_cmd
+    from locomesh.cli.main import main
+    from locomesh.node.rounds.history import RoundHistory, mark_left
+    from locomesh.node.rounds.service import NOT_JOINED
+    from locomesh.node.rpc.dispatch import RpcError
+    from locomesh.node.runs.registry import RunRegistryService
+    from locomesh.protocol.runs import format_run_id, run_id, sign_manifest
+
+    from .test_cli_status import ScriptedDaemon, record
+
+    registry = RunRegistryService(tmp_path)
+    manifests = [sign_manifest(A, task="synthetic-lm", created=1_700_000_000 + n) for n in range(2)]
+    rejoined, left = (run_id(manifest) for manifest in manifests)
+    for manifest in manifests:
+        registry.store.add(manifest, "joined")
+    mark_left(tmp_path, left, 3)  # `run leave` before the restart: not taken up again
+    RoundHistory.load(tmp_path, rejoined, maxlen=10).append(record(4))
+    loaded = trio.Event()
+    resumed = []
+
+    async def join(manifest: bytes, *, resuming: bool = False) -> int:  # building the model, meeting the participants
+        resumed.append((run_id(manifest), resuming))
+        await loaded.wait()
+        raise RpcError(-32000, "cannot train this run here: not enough memory")
+
+    service = RoundService(registry, SimpleNamespace(replicas={}), SimpleNamespace(uploads=None, scores=None),
+                           shard_service=lambda *args, **kwargs: SimpleNamespace(register=lambda: None, bytes_served=0))
+    service.join = join
+    node = SimpleNamespace(rpc=SimpleNamespace(register=lambda *args: None), add_status_field=lambda *args: None,
+                           services=[], peers=set(), identity=SimpleNamespace(public_key=NEW.public_key))
+    await nursery.start(service.run, node)
+    await trio.testing.wait_all_tasks_blocked()
+    assert resumed == [(rejoined, True)], "only the run not left is taken up again"
+
+    status = await service._rpc_status(format_run_id(rejoined))
+    assert (status["phase"], [r["round"] for r in status["history"]]) == ("rejoining", [4])
+    assert (await service._rpc_status(format_run_id(left)))["phase"] == "left"
+    with pytest.raises(RpcError) as paused:
+        await service._rpc_pause(format_run_id(rejoined))
+    assert paused.value.message.startswith(f"rejoining run {format_run_id(rejoined)[:16]} after the restart")
+    monkeypatch.setattr(run_cmd.RpcClient, "for_data_dir", lambda *args, **kwargs: ScriptedDaemon([status]))
+    assert main(["run", "status", format_run_id(rejoined), "--data-dir", str(tmp_path)]) == 0
+    shown = capsys.readouterr().out
+    assert shown.startswith(f"rejoining run {format_run_id(rejoined)} after the restart: ") and "round    4:" in shown
+
+    loaded.set()  # the rejoin failed (logged): the run is not joined any more
+    await trio.testing.wait_all_tasks_blocked()
+    with pytest.raises(RpcError) as refused:
+        await service._rpc_status(format_run_id(rejoined))
+    assert refused.value.code == NOT_JOINED and "has not joined" in refused.value.message

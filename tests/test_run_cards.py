@@ -435,13 +435,18 @@ async def test_the_short_id_browse_prints_is_taken_by_join_and_info_on_a_node_th
     for registry in (browser, fresh):
         rounds = RoundService(registry, None, None)
         rounds.join = join
-        assert await rounds._rpc_join(short) == {"run_id": full, "joins_at": 1}
+        assert await rounds._rpc_join(short) == {"run_id": full, "joins_at": 1, "sitting_out": None, "outside_schedule": None}
     assert joined == [manifest, manifest]
+    # Known twice over now (stored by the join, listed by the browse): still one run, not "ambiguous".
+    assert await browser.resolve(short) == run_id(manifest)
     assert (await asker._rpc_info(short))["run_id"] == full
     with pytest.raises(RpcError) as refused:
-        await RoundService(asker, None, None)._rpc_join("abcdefgh")
+        await RoundService(asker, None, None)._rpc_join("abcdefghabcdefgh")
     assert refused.value.code == RUN_NOT_FOUND and refused.value.message.startswith(
-        "no such run: no run this node knows or the directory of public runs lists starts with 'abcdefgh'")
+        "no such run: no run this node knows or the directory of public runs lists starts with 'abcdefghabcdefgh'")
+    with pytest.raises(RpcError) as refused:  # shorter than browse prints: cheap to grind a clash for
+        await RoundService(fresh, None, None)._rpc_join("abcdefgh")
+    assert refused.value.message.startswith("no such run: no run this node knows starts with 'abcdefgh'")
 
 
 # --- two daemons ------------------------------------------------------------------------------------

@@ -37,6 +37,8 @@ class AttackingParticipant:
         return cls(Participant.for_run(genesis_body, key, **devices), get_attack(attack))
 
     def __getattr__(self, name: str) -> Any:
+        if name == "honest":  # not set yet (a copy in the making): no delegation to recurse into
+            raise AttributeError(name)
         return getattr(self.honest, name)  # all but `train` and `aggregate` are the honest peer's
 
     def train(self, stop: Callable[[], bool] | None = None, start: np.ndarray | None = None,

@@ -225,6 +225,6 @@ class RoundParticipant(Protocol):
 
 # How a node makes its participant: (the run's manifest body, our public key) -> participant. The
 # daemon's is `Participant.for_run` on the node's devices (its `device` and `local_workers`, bound by
-# `node.rounds.service.RoundService`); a test adversary's wraps it (`training.adversary`, bound in
-# `node.assembly`); the simulator's makes a `SimParticipant`.
+# `node.rounds.service.RoundService`); the simulator's makes a `SimParticipant`. (A test adversary
+# wraps what the factory made: `training.adversary`, bound in `node.assembly`.)
 ParticipantFactory = Callable[[Mapping[str, Any], bytes], RoundParticipant]

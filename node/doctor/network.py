@@ -9,7 +9,7 @@ The judging functions are pure: they take the status dict and return `Check`s.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import trio
@@ -17,6 +17,7 @@ from multiaddr import Multiaddr
 
 from locomesh.node.bootstrap import _describe as describe_dial_error  # the bootstrap loop's own words
 from locomesh.node.addresses import tcp_endpoint
+from locomesh.node.dial_addrs import PUBLIC, RELAYED
 from locomesh.node.runtime import DialError, Node
 
 from .checks import Check, fail, ok, warn
@@ -51,7 +52,7 @@ def network_checks(status: Mapping[str, Any], dials: Mapping[str, str]) -> list[
     its counts of connected peers include the dials that worked)."""
     reach = status.get("reachability")
     peers = int(status.get("peers_connected") or 0)
-    checks = [bootstrap_check(status.get("bootstrap") or {}, dials, peers)]
+    checks = [bootstrap_check(status.get("bootstrap") or {}, dials, peers, status.get("dial_addrs") or [])]
     if isinstance(reach, dict):
         checks.append(reachability_check(reach, peers))
         checks.append(nat_behaviour_check(reach, status.get("listen_addrs") or [], status.get("observed_addrs") or [],
@@ -65,7 +66,10 @@ def network_checks(status: Mapping[str, Any], dials: Mapping[str, str]) -> list[
     return checks
 
 
-def bootstrap_check(bootstrap: Mapping[str, int], dials: Mapping[str, str], peers: int) -> Check:
+def bootstrap_check(bootstrap: Mapping[str, int], dials: Mapping[str, str], peers: int,
+                    dial_addrs: Sequence[Mapping[str, str]] = ()) -> Check:
+    """`dial_addrs`: this node's addresses others can dial (node/dial_addrs.py), best first, for the
+    fix of a first node."""
     configured = int(bootstrap.get("configured") or 0)
     if configured == 0:
         if peers:
@@ -73,9 +77,8 @@ def bootstrap_check(bootstrap: Mapping[str, int], dials: Mapping[str, str], peer
         # A fail, not a warning: alone, the node trains with no one until some peer connects to it.
         return fail("bootstrap", "no bootstrap peers configured, and no peer is connected: this node cannot find "
                     "anyone", "start the node with --bootstrap /ip4/ADDRESS/tcp/PORT/p2p/PEER_ID (ask the run's "
-                    "creator for an address), or set bootstrap in config.toml; on the first node of a new network, "
-                    "start the others with --bootstrap set to one of this node's addresses (`locomesh status` "
-                    "lists them)")
+                    "creator for an address), or set bootstrap in config.toml; if this is the first node of a new "
+                    f"network, {_first_node_fix(dial_addrs)}")
     connected = int(bootstrap.get("connected") or 0)  # the dials that worked are connected by now
     failures = [f"{address}: {_cause(error)}" for address, error in dials.items() if error]
     if connected == 0:
@@ -88,6 +91,18 @@ def bootstrap_check(bootstrap: Mapping[str, int], dials: Mapping[str, str], peer
         return warn("bootstrap", f"{connected}/{configured} bootstrap peers reachable; not: {'; '.join(failures)}",
                     "fix or remove the unreachable addresses in the bootstrap list")
     return ok("bootstrap", f"{connected}/{configured} bootstrap peers reachable")
+
+
+def _first_node_fix(dial_addrs: Sequence[Mapping[str, str]]) -> str:
+    """How to start the other nodes of a new network: with this node's best address, and for
+    whom it works."""
+    if not dial_addrs:
+        return "start the other nodes with --bootstrap set to one of this node's addresses (`locomesh status` lists them)"
+    best = dial_addrs[0]
+    reach = "" if best["kind"] in (PUBLIC, RELAYED) else (
+        "; nodes on other networks need a public or relayed address, see the reachability and relays checks")
+    return (f"start the other nodes with: locomesh node start --bootstrap {best['addr']} ({best['kind']}{reach}; "
+            "`locomesh status` lists every address)")
 
 
 def _cause(error: str) -> str:

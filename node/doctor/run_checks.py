@@ -22,7 +22,7 @@ import trio
 
 from locomesh.dht import records
 from locomesh.protocol import ProtocolError, peer_id_from_public_key
-from locomesh.protocol.runs import format_run_id, load_manifest, parse_run_id
+from locomesh.protocol.runs import format_run_id, load_manifest
 from locomesh.training.run_settings import ParticipantError
 
 from locomesh.node.config import human_size
@@ -78,12 +78,13 @@ class RunDoctor:
 
     async def check(self, run_id: str) -> RunReport:
         report = RunReport()
-        known = [run.run_id for run in self.registry.store.runs()]
         try:
-            raw = parse_run_id(run_id, known)
-        except ProtocolError as error:
-            report.checks.append(fail("run", f"{run_id[:60]!r} is not a run ID: {error.reason}",
-                                      "copy the full ID from `locomesh run list` or from the run's creator"))
+            with trio.fail_after(LOOKUP_TIMEOUT):
+                raw = await self.registry.resolve(run_id, look_up=True)  # the IDs browse prints, too
+        except (RpcError, trio.TooSlowError) as error:
+            reason = error.message if isinstance(error, RpcError) else "the directory of public runs did not answer in time"
+            report.checks.append(fail("run", f"{run_id[:60]!r}: {reason}",
+                                      "copy the ID from `locomesh run list`, `locomesh run browse` or the run's creator"))
             return report
         report.facts["run_id"] = format_run_id(raw)
         manifest = await self._manifest(raw, report)
@@ -115,24 +116,18 @@ class RunDoctor:
         return progress_check(status)
 
     async def _manifest(self, raw: bytes, report: RunReport) -> bytes | None:
-        known = self.registry.store.get(raw)
-        if known is not None:
-            report.checks.append(ok("run", "known to this node"))
-            return known.manifest
-        found = None
-        if self.registry.discovery is not None:
-            with trio.move_on_after(LOOKUP_TIMEOUT):
-                try:
-                    found = await self.registry.discovery.find_run(raw)
-                except Exception as error:  # noqa: BLE001 - DiscoveryError and the DHT's own
-                    logger.debug("run lookup failed: %s", error)
-        if found is None:
+        with trio.move_on_after(LOOKUP_TIMEOUT):
+            try:
+                run, source = await self.registry.find(raw)
+            except RpcError as error:  # not found, or the DHT lookup failed
+                logger.debug("run lookup failed: %s", error.message)
+            else:
+                report.checks.append(ok("run", "known to this node" if source == "local" else "found in the DHT"))
+                return run.manifest
             report.checks.append(fail("run", "not found: this node does not know the run and the DHT gave no record",
                                       "check the ID; if the run is not public (created without --public), ask its "
                                       "creator for a member's address and start with --bootstrap ADDRESS"))
             return None
-        report.checks.append(ok("run", "found in the DHT"))
-        return found[0]
 
     async def _members(self, raw: bytes) -> list[str]:
         """Peer IDs of the run's members other than us: the CRDT's, else the run's DHT providers."""

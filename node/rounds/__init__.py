@@ -8,6 +8,8 @@ Modules, one job each:
   `orders` who proposes and stewards;
 * `work`: what a peer keeps about the round it works on and the rounds it finished;
 * `history`: the finished rounds kept in the data dir (they outlive `run leave` and a restart);
+* `outcome`: what became of this node's part in a finished round (counted, not counted and why,
+  sat out, synced only);
 * `status`: what the round under way waits for and on whom, and the members by peer ID;
 * `participation`: the trio layer that carries out the machine's actions for one run;
 * `service`: `run.join` / `run.leave` / `run.status`, one participation per joined run;

@@ -150,6 +150,9 @@ class RoundMachine(Replaying, Attempts, Proposing):
         self.rejoined_at: int | None = None  # the certified round when our membership lapsed and we joined again
         self.left_at: int | None = None  # the certified round after which we left to sit rounds out
         self.rewritten_since: float | None = None  # when the run's history first stopped holding our state
+        # (round, whether our commit was in by our cut) of the newest round we cut with a commit of
+        # ours: it outlives the round's state, so a round synced later can still say why it left us out.
+        self.last_cut: tuple[int, bool] | None = None
 
     def handle(self, event: Event) -> list[Action]:
         """Feed one event; the actions to carry out, in order. `ImpossibleEvent` for a completion
@@ -357,6 +360,7 @@ class RoundMachine(Replaying, Attempts, Proposing):
             return []  # the service bounds every fetch; a failure counts as done
         last = max((work.arrivals[a] for a in counted), default=work.first_seen)
         work.counted, work.counted_ours = frozenset(counted), work.committed_at <= cutoff
+        self.last_cut = (work.number, work.counted_ours)
         self.spreads.append(self._spread(work))
         work.last_commit = max(last, work.committed_at) if work.counted_ours else last
         work.closed_at, self.phase = now, Phase.PROPOSE
@@ -414,6 +418,12 @@ class RoundMachine(Replaying, Attempts, Proposing):
             return []
         self.phase = Phase.AGGREGATE
         return [StartAggregate(work.number, work.chosen, work.last_commit)]
+
+    def in_our_cut(self, round_number: int) -> bool | None:
+        """Whether our commit of `round_number` was in by our own cut of that round; None if we cut
+        no set of it with a commit of ours (it was certified first, or we did not commit)."""
+        cut = self.last_cut
+        return cut[1] if cut is not None and cut[0] == round_number else None
 
     def window(self) -> float:
         """The cutoff window, from what every peer sees alike: the larger of a floor and twice the

@@ -42,6 +42,7 @@ from locomesh.node.datasets.service import RunData
 from locomesh.node.files import atomic_write
 from locomesh.node.rounds import machine as rm
 from locomesh.node.rounds.meeting import catch_up
+from locomesh.node.rounds.outcome import Outcome, outcome_of, refusal
 from locomesh.node.exchange.allgather import PayloadExchange
 from locomesh.node.exchange.seam import RoundExchange
 from locomesh.node.exchange.shard_transfer import ShardHoldings
@@ -300,7 +301,7 @@ class RunParticipation:
                     self._cancel_ahead()
                     self.crdt.write(self.run_id, "leave", round=r)
                 case rm.RoundDone(round=r, synced=synced):
-                    self._start([], self._record, action, self.work)
+                    self._start([], self._record, action, self.work, outcome_of(self, r))  # now, while the work is r's
                     work = self.work
                     if not synced and work is not None and work.round == r and work.scoring_base is not None:
                         self._start([], self.scoring.score, r, work.scoring_base, work.aggregated, work.payloads)
@@ -435,7 +436,7 @@ class RunParticipation:
                 if self.scoring.enabled and not work.sharded:  # θ before this step: what the round's contributions are scored on
                     work.scoring_base, work.aggregated = self.participant.scoring_base(), authors
                 started = trio.current_time()
-                await self.exchange.apply(work, gathered, self.compute)
+                work.refused = refusal(await self.exchange.apply(work, gathered, self.compute), self.me)
                 work.aggregate_seconds = trio.current_time() - started
                 work.exchange_seconds = trio.current_time() - last_commit
                 state_hash = await self.compute(self.participant.state_hash)
@@ -453,13 +454,13 @@ class RunParticipation:
             adopted = await self.states.download(round_number, state_hash)
         self._emit(rm.Synced(round_number, adopted, trio.current_time()))
 
-    async def _record(self, done: rm.RoundDone, work: RoundWork | None) -> None:
+    async def _record(self, done: rm.RoundDone, work: RoundWork | None, outcome: Outcome) -> None:
         now = trio.current_time()
         evaluation: dict[str, Any] = {"loss": None, "floor": None}
         if self.participant.evaluation_due():
             async with self._compute:
                 evaluation = await self.compute(self.participant.evaluate)
-        self.history.append(RoundRecord.of(done, work, evaluation, now))
+        self.history.append(RoundRecord.of(done, work, evaluation, now, outcome))
         self.exchange.release_before(done.round)  # the round just done's stay a round, for peers replaying it
         await self.offload(self.states.forget_old_rounds, done.round)
 

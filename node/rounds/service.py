@@ -3,12 +3,14 @@
 A node service (see `locomesh.node.service`) beside the run registry, the CRDT and the checkpoint
 service, whose parts it uses. RPC methods:
 
-    run.join(run_id) -> {"run_id", "joins_at"}
+    run.join(run_id) -> {"run_id", "joins_at", "sitting_out", "outside_schedule"}: the first round it trains,
+        unless it sits rounds out now (why; the schedule's windows when now is outside them)
     run.leave(run_id) -> {"run_id", "last_round"}
     run.pause(run_id) -> {"run_id", "paused", "after_round"}: sit rounds out, keep the state current (pauses.py)
     run.resume(run_id) -> {"run_id", "paused", "round"}: contribute again from the next round
     run.status(run_id) -> phase, what the round waits for, members (by peer ID: member_peers), and the
         finished rounds, kept in the data dir (history.py): for a run left, phase "left" and those rounds;
+        for a run joined before a restart and not taken up again yet, phase "rejoining" and those rounds;
         for a run it never trained in, NOT_JOINED saying how to join it, or RUN_NOT_FOUND if the node
         knows no such run (the same for leave, pause, resume, export)
     run.export(run_id, directory) -> {"round", "files"}: the certified model, as files other tools load
@@ -38,6 +40,7 @@ import logging
 import os
 from datetime import datetime
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import trio
@@ -58,7 +61,7 @@ from locomesh.node.rounds.meeting import meet_participants
 from locomesh.node.rounds.history import RoundHistory, clear_left, left_after, mark_left, read_history
 from locomesh.node.rounds.participation import HISTORY, Compute, RunParticipation
 from locomesh.node.exchange.shard_transfer import ShardHoldings, ShardService
-from locomesh.node.rounds.status import members_by_peer_id
+from locomesh.node.rounds.status import kept_status, members_by_peer_id
 from locomesh.node.rounds.pauses import PausedRuns
 from locomesh.node.runs.registry import BAD_RUN, RUN_NOT_FOUND, RunRegistryService
 from locomesh.node.runtime import Node
@@ -90,6 +93,7 @@ class RoundService:
         train_threads: int = 0,
         schedule: TrainingSchedule | None = None,
         participant_factory: ParticipantFactory | None = None,
+        adversary: Callable[[RoundParticipant], RoundParticipant] | None = None,
         compute: Compute = trio.to_thread.run_sync,
         offload: Offload = trio.to_thread.run_sync,
         shard_service: type[ShardService] = ShardService,
@@ -100,7 +104,8 @@ class RoundService:
         worker threads). `archive`: keep every payload of every round in the store (`payloads`).
         `device`, `local_workers`: where the default factory's participants train (node/config.py),
         `train_threads` with how many CPU threads (0: torch's default). `schedule`: when this node
-        trains (`locomesh.node.schedule`; None: at any time)."""
+        trains (`locomesh.node.schedule`; None: at any time). `adversary` wraps every participant made
+        (a test adversary's, `training.adversary`: node/assembly.py)."""
         self.registry = registry
         self.archive = archive
         self.device = device
@@ -109,6 +114,7 @@ class RoundService:
         self.train_threads = train_threads
         self.schedule = schedule
         self.participant_factory = participant_factory
+        self.adversary = adversary
         self.compute = compute
         self.offload = offload
         self.crdt = crdt
@@ -118,6 +124,9 @@ class RoundService:
         self.shard_service = shard_service
         self.paused: PausedRuns | None = None  # the data dir's, once running
         self._left: dict[bytes, tuple[int, RoundHistory]] = {}  # runs left since start: last round, rounds done
+        # Runs joined before this start whose participation is not running yet: taking one up again
+        # builds its model and meets its participants (seconds), and `run status` says so meanwhile.
+        self._rejoining: set[bytes] = set()
         self._node: Node | None = None
         self._nursery: trio.Nursery | None = None
 
@@ -141,7 +150,9 @@ class RoundService:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             for run in self.registry.store.runs():
-                if run.origin == "joined":
+                # The owner left it (`run leave`): only `run join` takes it up again.
+                if run.origin == "joined" and await self.offload(left_after, self._data_dir, run.run_id) is None:
+                    self._rejoining.add(run.run_id)
                     nursery.start_soon(self._resume, run.manifest)
             task_status.started()
             await trio.sleep_forever()
@@ -222,7 +233,7 @@ class RoundService:
         assert self._node is not None
         try:
             return await self.offload(  # a thread in the daemon; inline (deterministic) in netsim
-                factory, body, self._node.identity.public_key
+                self._made, factory, body, self._node.identity.public_key
             )
         except ParticipantError as error:
             raise RpcError(BAD_RUN, f"cannot train this run here: {error}") from None
@@ -230,6 +241,10 @@ class RoundService:
             raise RpcError(NO_DEVICE, f"cannot train here on device {self.device!r}: {error}") from None
         except DataParallelError as error:
             raise RpcError(NO_DEVICE, f"cannot train here: the data-parallel group did not start: {error}") from None
+
+    def _made(self, factory: ParticipantFactory, body: dict[str, Any], key: bytes) -> RoundParticipant:
+        participant = factory(body, key)
+        return participant if self.adversary is None else self.adversary(participant)
 
     async def _refuse_if_too_big(self, body: dict[str, Any], replica: Replica) -> None:
         """`RpcError` NOT_ENOUGH_MEMORY, saying how much is needed and how much there is, if the run's
@@ -337,12 +352,13 @@ class RoundService:
             await self._close(participation.participant)
 
     async def _resume(self, manifest: bytes) -> None:
-        if await self.offload(left_after, self._data_dir, load_manifest(manifest)[0]) is not None:
-            return  # the owner left it (`run leave`): only `run join` takes it up again
+        """Take up again a run joined before this start (`_rejoining` until its participation runs)."""
         try:
             await self.join(manifest, resuming=True)
         except (RpcError, ProtocolError) as error:
             logger.warning("could not take up a joined run again: %s", error)
+        finally:
+            self._rejoining.discard(load_manifest(manifest)[0])
 
     # --- RPC ----------------------------------------------------------------------------------
 
@@ -350,7 +366,14 @@ class RoundService:
         raw_id = await self.registry.resolve(run_id, look_up=True)  # a short ID from `run browse` too
         run, _source = await self.registry.find(raw_id)
         first = await self.join(run.manifest)
-        return {"run_id": format_run_id(raw_id), "joins_at": first}
+        return {"run_id": format_run_id(raw_id), "joins_at": first, **self._sitting_out(raw_id)}
+
+    def _sitting_out(self, run_id: bytes) -> dict[str, Any]:
+        """Why the node sits `run_id`'s rounds out now, if it does (`run join` must not promise round
+        `joins_at` then), and the schedule's windows when now is outside them."""
+        participation = self.participations.get(run_id)
+        return {"sitting_out": None if participation is None else participation[0].sitting_out(),
+                "outside_schedule": None if self.schedule is None else self.schedule.outside_windows(datetime.now())}
 
     async def _rpc_leave(self, run_id: str) -> dict[str, Any]:
         raw_id = await self.registry.resolve(run_id)
@@ -378,6 +401,8 @@ class RoundService:
     async def _rpc_status(self, run_id: str) -> dict[str, Any]:
         raw_id = await self.registry.resolve(run_id)
         if raw_id not in self.participations:
+            if raw_id in self._rejoining:
+                return await self._rejoining_status(raw_id)
             return await self._left_status(raw_id)
         participation = self._joined(raw_id)
         return {**participation.status(), "training": True, "member_peers": self._members(participation.replica),
@@ -397,16 +422,19 @@ class RoundService:
                 history = await self.offload(read_history, self._data_dir, run_id, HISTORY)
         if last is None or history is None:
             raise self._not_joined(run_id)
-        replica = self.crdt.replicas.get(run_id)  # the run's state, where this node still replicates it
-        state = None if replica is None else replica.state
-        return {
-            "run_id": format_run_id(run_id), "phase": "left", "training": False, "left_after": last,
-            "round": max((record.round for record in history), default=last),
-            "certified": last if state is None else state.round, "members": 0 if state is None else len(state.members),
-            "member_peers": [] if replica is None else self._members(replica),
-            "peers": len(self._node.peers), "waiting": None, "error": None, "banned": False, "ban_reason": None,
-            "history": [record.to_json() for record in history],
-        }
+        return {**self._kept_status(run_id, history, last), "phase": "left", "left_after": last}
+
+    async def _rejoining_status(self, run_id: bytes) -> dict[str, Any]:
+        """`run.status` of a run joined before this start, until its participation runs: phase
+        "rejoining" and the rounds kept in the data dir (NOT_JOINED would read as if it was lost)."""
+        history = await self.offload(read_history, self._data_dir, run_id, HISTORY)
+        newest = max((record.round for record in history), default=0)
+        return {**self._kept_status(run_id, history, newest), "phase": "rejoining"}
+
+    def _kept_status(self, run_id: bytes, history: RoundHistory, last: int) -> dict[str, Any]:
+        replica = self.crdt.replicas.get(run_id)
+        members = [] if replica is None else self._members(replica)
+        return kept_status(run_id, history, last, None if replica is None else replica.state, members, len(self._node.peers))
 
     async def _rpc_export(self, run_id: str, directory: str) -> dict[str, Any]:
         """Write the run's certified model into `directory` (an absolute path) as the files of a
@@ -435,6 +463,9 @@ class RoundService:
         """Why this node has no part in `run_id`: it knows no such run (a typo, a run of another
         network), or it knows the run but never joined it, and then how to."""
         full = format_run_id(run_id)
+        if run_id in self._rejoining:
+            return RpcError(NOT_JOINED, f"rejoining run {short_run_id(run_id)} after the restart: try again once "
+                                        f"`locomesh run status {full}` shows it training")
         if not self.registry.knows(run_id):
             return RpcError(RUN_NOT_FOUND, f"no such run: this node knows no run {full} (`locomesh run list` "
                                            "shows the runs it knows, `locomesh run browse` the public ones)")

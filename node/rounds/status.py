@@ -8,7 +8,7 @@ from typing import Any
 
 from locomesh.crdt.scores import accepted_counts, scores_json
 from locomesh.protocol import peer_id_from_public_key
-from locomesh.protocol.runs import short_run_id
+from locomesh.protocol.runs import format_run_id, short_run_id
 from locomesh.node.rounds.events import Author, Phase
 from locomesh.node.rounds.machine import RoundMachine
 
@@ -124,4 +124,19 @@ def participation_status(p: Any) -> dict[str, Any]:
         # member -> how many of the newest certified rounds accepted its contribution
         "contributions": {author.hex(): count for author, count in accepted_counts(state).items()},
         "data": None if p.data is None else p.data.status(),
+    }
+
+
+def kept_status(run_id: bytes, history: Iterable[Any], last: int, state: Any, member_peers: list[dict[str, Any]],
+                peers: int) -> dict[str, Any]:
+    """`run.status` of a run this node does not train now: its rounds kept in the data dir (`history`),
+    the run's `state` where this node still replicates it (else None); `last`: the round to say when no
+    round is kept."""
+    records = list(history)
+    return {
+        "run_id": format_run_id(run_id), "training": False,
+        "round": max((record.round for record in records), default=last),
+        "certified": last if state is None else state.round, "members": 0 if state is None else len(state.members),
+        "member_peers": member_peers, "peers": peers, "waiting": None, "error": None, "banned": False,
+        "ban_reason": None, "history": [record.to_json() for record in records],
     }

@@ -4,7 +4,8 @@
   timings, and the cancel scopes of its fetches and tasks;
 - `TrainingAhead`: with one-round-delayed outer updates, the inner steps of the next round,
   started before the round machine starts that round;
-- `RoundRecord`: one finished round, as `run.status` shows it.
+- `RoundRecord`: one finished round, as `run.status` shows it, with what became of our part in
+  it (`outcome`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 import trio
 
 from locomesh.node.rounds.events import RoundDone
+from locomesh.node.rounds.outcome import Outcome
 
 
 @dataclass
@@ -40,12 +42,17 @@ class RoundRecord:
     finished_at: float
     trained_ahead: bool = False  # our payload was trained while the round before was exchanged (delayed updates)
     exchange: dict[str, Any] | None = None  # which exchange the round used, and why (`ExchangeChoice.to_json`)
+    # What became of our part (outcome.py): "synced" only says how the state came, not whether our
+    # payload counted. None in records kept before outcomes were.
+    outcome: str | None = None
+    outcome_why: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
 
     @classmethod
-    def of(cls, done: RoundDone, work: RoundWork | None, evaluation: dict[str, Any], now: float) -> RoundRecord:
+    def of(cls, done: RoundDone, work: RoundWork | None, evaluation: dict[str, Any], now: float,
+           outcome: Outcome | None = None) -> RoundRecord:
         """The record of round `done`, with what `work` (the round we last worked on) says about it."""
         this_round = work if work is not None and work.round == done.round else None
         mine = None if done.synced else this_round  # we computed the round's state ourselves
@@ -63,6 +70,7 @@ class RoundRecord:
             aggregate_seconds=None if mine is None else mine.aggregate_seconds, finished_at=time.time(),
             trained_ahead=mine is not None and mine.trained_ahead,
             exchange=None if this_round is None or this_round.exchange is None else this_round.exchange.to_json(),
+            outcome=None if outcome is None else outcome.kind, outcome_why=None if outcome is None else outcome.why,
         )
 
 
@@ -88,6 +96,7 @@ class RoundWork:
     # With contribution scoring on: θ before the round's outer step, and the set aggregated on it.
     scoring_base: Any = None
     aggregated: tuple[bytes, ...] = ()
+    refused: str | None = None  # why our own outer step refused our payload, if it did (outcome.py)
     # The state before the round's first outer step: a vote that died with a split attempt is cast
     # again for another set, aggregated from this state.
     before: Any = None

@@ -39,7 +39,9 @@ import trio
 from locomesh.crdt import Replica
 from locomesh.dht.discovery import Discovery, DiscoveryError
 from locomesh.protocol import ProtocolError
-from locomesh.protocol.runs import format_run_id, parse_run_id, run_id_prefix, short_run_id, sign_manifest
+from locomesh.protocol.runs import (
+    SHORT_ID_CHARS, format_run_id, parse_run_id, run_id_prefix, short_run_id, sign_manifest,
+)
 
 from locomesh.training.run_settings import RULES, RunSettingsError, check_run_settings, default_hparams
 
@@ -122,7 +124,7 @@ class RunRegistryService:
     def known_ids(self) -> list[bytes]:
         """The runs whose short IDs this node resolves: those it holds a manifest of, then those a
         `run browse` here listed (browse prints short IDs; `run join` must take them)."""
-        return [*(run.run_id for run in self.store.runs()), *self._listed]
+        return list(dict.fromkeys([*(run.run_id for run in self.store.runs()), *self._listed]))  # each once
 
     def knows(self, run_id: bytes) -> bool:
         return self.store.get(run_id) is not None or run_id in self._listed
@@ -137,10 +139,13 @@ class RunRegistryService:
             raise RpcError.invalid_params("run_id must be a string")
         prefix = run_id_prefix(run_id)
         if prefix is not None and not self._matches(prefix):
-            if look_up:
+            # Only a start as long as browse prints (80 bits) is looked for among the directory's
+            # runs: hostile peers can list runs, and a shorter start is cheap to grind a clash for.
+            looked_up = look_up and len(prefix) >= SHORT_ID_CHARS
+            if looked_up:
                 await self._browse_directory()
             if not self._matches(prefix):
-                raise RpcError(RUN_NOT_FOUND, _no_run_starts_with(prefix, looked_up=look_up))
+                raise RpcError(RUN_NOT_FOUND, _no_run_starts_with(prefix, looked_up=looked_up))
         try:
             return parse_run_id(run_id, self.known_ids())
         except ProtocolError as error:
@@ -176,7 +181,7 @@ class RunRegistryService:
         if found is None:
             raise RpcError(RUN_NOT_FOUND, f"no public run {format_run_id(run_id)} found in the DHT (only a run "
                                           "created with --public is published; a private one is found through its members)")
-        return self.store.add(found[0], "seen"), "dht"
+        return await self._offload(self.store.add, found[0], "seen"), "dht"  # an fsync'd write
 
     # --- RPC ------------------------------------------------------------------------------
 

@@ -362,9 +362,18 @@ function contributions(status, info, me) {
     ["Scoring", scoring === undefined ? "—" : scoring === "off" ? "off for this run" : scoring],
     ["Mean score", key ? fixed(status.scores[key].mean, 4) : "—"],
   ]));
-  section.appendChild(table("contributions-table", [["Round"], ["Train loss", "num"], ["Payload", "num"], ["Score", "num"]],
-    ours.map((r) => [String(r.round), fixed(r.train_loss, 4), bytes(r.payload_bytes), scores.has(r.round) ? fixed(scores.get(r.round), 4) : "—"])));
+  section.appendChild(table("contributions-table",
+    [["Round"], ["Train loss", "num"], ["Payload", "num"], ["Outcome"], ["Score", "num"]],
+    ours.map((r) => [String(r.round), fixed(r.train_loss, 4), bytes(r.payload_bytes), outcomeText(r),
+      scores.has(r.round) ? fixed(scores.get(r.round), 4) : "—"])));
   return section;
+}
+
+// What became of a payload we sent (node/rounds/outcome.py), as `run status` says it; records
+// kept before outcomes were have none ("—").
+function outcomeText(record) {
+  if (!record.outcome) return "—";
+  return record.outcome_why ? `${record.outcome} (${record.outcome_why})` : record.outcome;
 }
 
 function certified(state) {
