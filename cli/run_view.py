@@ -8,6 +8,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from locomesh.node.rounds.outcome import CONTRIBUTED, COUNTED, NOT_COUNTED, SYNCED_ONLY
+
 from .common import TextTable, emit, human_size, peer_name, plural
 
 ROUND_COLUMNS = ("ROUND", "DONE AT", "EVAL LOSS", "FLOOR", "TRAIN LOSS", "OUR PART", "PAYLOADS", "SENT", "FETCHED",
@@ -23,7 +25,7 @@ ROUND_LEGEND = (
 )
 SHOWN_PEERS = 3  # peers a "waiting for" line names; the rest are counted
 # node/rounds/outcome.py's kinds as a line says them: "synced" alone read as "my work was discarded".
-OUTCOME_WORDS = {"counted": "contributed, counted", "not counted": "contributed, not counted"}
+OUTCOME_WORDS = {COUNTED: f"{CONTRIBUTED}, {COUNTED}", NOT_COUNTED: f"{CONTRIBUTED}, {NOT_COUNTED}"}
 
 # Round machine phases (node/rounds/events.py `Phase`) in a user's words.
 PHASE_WORDS = {
@@ -65,7 +67,7 @@ def outcome_kind(record: dict[str, Any]) -> str:
     still tells: a payload sent (a train loss) or a state computed here means we contributed."""
     if record.get("outcome"):
         return record["outcome"]
-    return "synced only" if record["synced"] and record.get("train_loss") is None else "contributed"
+    return SYNCED_ONLY if record["synced"] and record.get("train_loss") is None else CONTRIBUTED
 
 
 def _times(record: dict[str, Any]) -> list[str]:
@@ -226,7 +228,7 @@ def _round_lines(status: dict[str, Any]) -> list[str]:
 def _left_out_lines(records: list[dict[str, Any]]) -> list[str]:
     """Why each round that left our payload out did so, under the table (its cell has no room)."""
     return [f"  round {record['round']}: {outcome_text(record)}" for record in records
-            if outcome_kind(record) == "not counted" and record.get("outcome_why")]
+            if outcome_kind(record) == NOT_COUNTED and record.get("outcome_why")]
 
 
 def _score_lines(status: dict[str, Any]) -> list[str]:

@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import ipaddress
 import socket
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from locomesh.node.addresses import is_relayed, tcp_address, tcp_endpoint
+from locomesh.node.addresses import may_dial, tcp_address, tcp_endpoint
 
 PUBLIC = "public"
 RELAYED = "relayed"
@@ -34,20 +35,21 @@ THIS_MACHINE = "this machine only"
 KINDS = (PUBLIC, RELAYED, UNCONFIRMED, LAN, THIS_MACHINE)  # best first
 
 
-def dial_addresses(status: Mapping[str, Any], interface_ips: Sequence[str]) -> list[dict[str, str]]:
+def dial_addresses(status: Mapping[str, Any], interface_ips: Callable[[], Sequence[str]]) -> list[dict[str, str]]:
     """``[{"addr": "/ip4/…/tcp/…/p2p/<peer id>", "kind": …}]``: every address others may dial this
-    node at, from `status` (`Node.status()`) and the host's `interface_ips`, best kind first, each once."""
+    node at, from `status` (`Node.status()`) and the host's `interface_ips()` (asked only behind a
+    listen address of 0.0.0.0 or ::), best kind first, each once."""
     reach = _field(status, "reachability")
-    confirmed = {endpoint for endpoint in map(_endpoint, reach.get("confirmed_addrs") or []) if endpoint}
+    confirmed = {endpoint for endpoint in map(tcp_endpoint, reach.get("confirmed_addrs") or []) if endpoint}
     found: dict[str, str] = {address: RELAYED for address in _field(status, "relay").get("relay_addrs") or []}
-    for endpoint in filter(None, map(_endpoint, _direct_addrs(status, interface_ips))):
+    for endpoint in filter(None, map(tcp_endpoint, _direct_addrs(status, interface_ips))):
         kind = PUBLIC if endpoint in confirmed else _kind_of_ip(endpoint[0])
         found.setdefault(f"{tcp_address(*endpoint)}/p2p/{status.get('peer_id')}", kind)
     ranked = sorted(found.items(), key=lambda item: KINDS.index(item[1]))  # stable: first seen first within a kind
     return [{"addr": address, "kind": kind} for address, kind in ranked]
 
 
-def _direct_addrs(status: Mapping[str, Any], interface_ips: Sequence[str]) -> list[str]:
+def _direct_addrs(status: Mapping[str, Any], interface_ips: Callable[[], Sequence[str]]) -> list[str]:
     """Every plain address of this node that `status` names: where it listens (at the interfaces'
     IPs for 0.0.0.0), where peers saw it, where dial-backs reached it, the gateway's mapping."""
     mapped = _field(status, "port_mapping").get("external_addr")
@@ -61,17 +63,17 @@ def _field(status: Mapping[str, Any], name: str) -> Mapping[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def concrete_addrs(listen_addrs: Sequence[str], interface_ips: Sequence[str]) -> list[str]:
+def concrete_addrs(listen_addrs: Sequence[str], interface_ips: Callable[[], Sequence[str]]) -> list[str]:
     """`listen_addrs` with each one on the unspecified address (0.0.0.0, ::) replaced by the same
-    port at each interface IP of its family (IPv6 link-local ones left out: they need a zone)."""
+    port at each of `interface_ips()` of its family (IPv6 link-local ones left out: they need a zone)."""
     concrete: list[str] = []
     for address in listen_addrs:
-        endpoint = _endpoint(address)
+        endpoint = tcp_endpoint(address)
         if endpoint is None or not ipaddress.ip_address(endpoint[0]).is_unspecified:
             concrete.append(address)
             continue
         version = ipaddress.ip_address(endpoint[0]).version
-        concrete.extend(tcp_address(str(ip), endpoint[1]) for ip in _usable_ips(interface_ips) if ip.version == version)
+        concrete.extend(tcp_address(str(ip), endpoint[1]) for ip in _usable_ips(interface_ips()) if ip.version == version)
     return concrete
 
 
@@ -89,6 +91,22 @@ def interface_ips() -> list[str]:
             if entry.family in (socket.AF_INET, socket.AF_INET6)]
 
 
+class CachedInterfaceIps:
+    """`interface_ips`, asked again at most every `seconds`: `Node.status()` is polled (the dashboard,
+    every 2 s), and reading the interfaces is several system calls each."""
+
+    def __init__(self, seconds: float = 30.0, read: Callable[[], list[str]] = interface_ips) -> None:
+        self.seconds, self.read = seconds, read
+        self._ips: list[str] = []
+        self._at: float | None = None
+
+    def __call__(self) -> list[str]:
+        now = time.monotonic()
+        if self._at is None or now - self._at >= self.seconds:
+            self._ips, self._at = self.read(), now
+        return self._ips
+
+
 def _usable_ips(ips: Sequence[str]) -> list[ipaddress.IPv4Address | ipaddress.IPv6Address]:
     usable = []
     for text in ips:
@@ -101,13 +119,8 @@ def _usable_ips(ips: Sequence[str]) -> list[ipaddress.IPv4Address | ipaddress.IP
     return usable
 
 
-def _endpoint(address: str) -> tuple[str, int] | None:
-    """``(ip, port)`` of a plain TCP address with or without ``/p2p/<id>``; None for a relayed one."""
-    return None if is_relayed(address) else tcp_endpoint(address.split("/p2p/")[0])
-
-
 def _kind_of_ip(ip: str) -> str:
     parsed = ipaddress.ip_address(ip)
     if parsed.is_loopback:
         return THIS_MACHINE
-    return UNCONFIRMED if parsed.is_global else LAN
+    return UNCONFIRMED if may_dial(ip) else LAN  # may_dial: no IPv4 private address hides in an IPv6 one

@@ -34,7 +34,7 @@ from locomesh.node import version
 from locomesh.protocol import Identity
 
 from locomesh.node.bootstrap import Backoff, keep_connected
-from locomesh.node.dial_addrs import dial_addresses, interface_ips
+from locomesh.node.dial_addrs import CachedInterfaceIps, dial_addresses
 from locomesh.node.host import DIAL_TIMEOUT, build_host
 from locomesh.node.meter import ByteMeter
 from locomesh.node.metrics import Metrics
@@ -89,7 +89,7 @@ class Node:
         self.stream_pool = StreamPool()  # idle data plane streams to providers (stream_pool.py)
         self.scores = PeerScores(self.metrics)  # what each peer served us, good and bad, across services
         self._status_fields: dict[str, Callable[[], Any]] = {"runs": list}
-        self.interface_ips = interface_ips  # the host's IPs, behind a listen address of 0.0.0.0 (tests replace it)
+        self.interface_ips = CachedInterfaceIps()  # the host's IPs, behind a listen address of 0.0.0.0 (tests replace it)
         self._stop = trio.Event()
         self._started_at: float | None = None
         self._register_metrics()
@@ -300,7 +300,7 @@ class Node:
         }
         status.update({name: value() for name, value in self._status_fields.items()})
         # Last: it reads the other fields (the reachability verdict's proofs, the relays' addresses).
-        status["dial_addrs"] = dial_addresses(status, self.interface_ips())
+        status["dial_addrs"] = dial_addresses(status, self.interface_ips)
         return status
 
     def peer_list(self) -> list[dict[str, Any]]:

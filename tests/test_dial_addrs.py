@@ -28,7 +28,7 @@ def test_each_address_others_can_dial_is_named_with_its_kind_best_first():
         "reachability": {"verdict": "public", "confirmed_addrs": ["/ip4/81.2.69.160/tcp/4001"]},
         "relay": {"relay_addrs": [f"/ip4/81.2.69.9/tcp/4001/p2p/{RELAY}/p2p-circuit/p2p/{ME}"]},
     }
-    assert dial_addresses(status, INTERFACES) == [
+    assert dial_addresses(status, lambda: INTERFACES) == [
         {"addr": f"/ip4/81.2.69.160/tcp/4001/p2p/{ME}", "kind": PUBLIC},  # a dial-back proved it: once, as public
         {"addr": f"/ip4/81.2.69.9/tcp/4001/p2p/{RELAY}/p2p-circuit/p2p/{ME}", "kind": RELAYED},
         {"addr": f"/ip6/2a01:4f8::7/tcp/4002/p2p/{ME}", "kind": UNCONFIRMED},

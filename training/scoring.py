@@ -143,9 +143,8 @@ def average(values: list[float]) -> float:
 def weights(scores: Mapping[Hashable, float]) -> dict[Hashable, float]:
     """"weight": each contribution's score over the median, in [0, 1]; all 1 when the median is not
     above zero (the round improved nothing: the scores tell nothing apart), 0 for a non-finite one."""
-    finite = [score for score in scores.values() if math.isfinite(score)]
-    median = statistics.median(finite) if finite else 0.0
-    return {author: (0.0 if not math.isfinite(score) else 1.0 if median <= 0 else min(1.0, max(0.0, score / median)))
+    over_median = relative(scores)
+    return {author: (0.0 if not math.isfinite(score) else min(1.0, max(0.0, over_median[author])) if over_median else 1.0)
             for author, score in scores.items()}
 
 
