@@ -63,7 +63,7 @@ def churn(root: Path, args: argparse.Namespace, rng: random.Random) -> tuple[lis
         wait_connected(daemons)
         creator = daemons[0]
         bootstrap = creator.rpc().call("node.status")["listen_addrs"][:1]
-        run_id = create_run(creator, {"inner_steps": args.inner_steps})
+        run_id = create_run(creator, {"inner_steps": args.inner_steps}, admitted=daemons)
         for daemon in daemons:
             join(daemon, run_id)
         keys = {i: d.rpc().call("node.status")["peer_id"] for i, d in enumerate(daemons)}

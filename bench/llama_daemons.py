@@ -132,7 +132,9 @@ def main() -> None:
             wait_connected(daemons)
             up_seconds = time.perf_counter() - started
             settings = settings_of(args, packed.id.hex(), corpus.index.vocab_size)
-            params = {"task": "llama", "settings": settings, "public": True, "name": "llama-stdlib", "seed": args.seed}
+            team = [daemon.rpc().call("node.status")["peer_id"] for daemon in daemons[1:]]
+            params = {"task": "llama", "settings": settings, "public": True, "name": "llama-stdlib", "seed": args.seed,
+                      "admitted": team}
             run_id = daemons[0].rpc(timeout=60.0).call("run.create", params)["run_id"]
             create_seconds = time.perf_counter() - started - up_seconds
             join_all(daemons, run_id)

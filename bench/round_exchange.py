@@ -89,7 +89,7 @@ def measure(nodes: int, rounds: int, inner_steps: int, model: dict, exchange: st
             wait_connected(daemons, timeout=60.0)
             settings = {"inner_steps": inner_steps, "batch_size": 1, "round_deadline_s": 600, "min_peers": nodes,
                         "eval_every": 0, "exchange": exchange, **model}
-            run_id = create_run(daemons[0], settings)
+            run_id = create_run(daemons[0], settings, admitted=daemons)
             join_all(daemons, run_id)
             started = time.monotonic()
             with RssSampler([daemon.pid for daemon in daemons]) as sampler:

@@ -2,12 +2,11 @@
 
 Reads the node's data dir directly (the run's manifest, its op log, the checkpoint store), read
 only, so it works whether or not the daemon runs (`locomesh.node.rounds.audit` says why that is
-safe). One line per round: ok, MISMATCH (the certificate does not follow from the sets its
-electorate proposed: its signers are named; that is evidence against them; a proposed set naming an
-author with no commit is bogus and named in the note, never a reason for missing), or missing
-(payloads or states this node does not hold: an archive node, `node start --archive`, keeps them
-all). With `--fetch` the running daemon downloads what was missing from peers
-(`checkpoint.fetch`), and the audit runs again.
+safe). One line per round: ok (the payloads of the certified value give the certified state),
+MISMATCH (they do not: the precommitters of that value and state are named; that is evidence
+against them), or missing (payloads, with their authors, or states this node does not hold: an
+archive node, `node start --archive`, keeps them all). With `--fetch` the running daemon
+downloads what was missing from peers (`checkpoint.fetch`), and the audit runs again.
 
 Exit status: 0 when no round mismatched (missing rounds included: nothing was proved), 1 when one
 did, or when the audit cannot start (a run this node does not know), 2 for bad arguments.
@@ -126,10 +125,12 @@ def format_audit(result: dict[str, Any]) -> str:
 def _line(report: dict[str, Any]) -> str:
     head = f"round {report['round']:>4}: "
     if report["verdict"] == "ok":
-        return head + f"ok (the set proposed by {peer_name(report['proposer'])})"
+        return head + f"ok (value {report['value'][:16]}, {plural(len(report['authors']), 'payload')})"
     if report["verdict"] == "mismatch":
         signers = ", ".join(peer_name(voter) for voter in report["voters"])
-        return head + (f"MISMATCH: certified hash {report['certified'][:16]} does not follow from the round's "
-                       f"contributions ({report['note']}); signed by {signers}")
+        return head + (f"MISMATCH: certified state {report['certified'][:16]} of value {report['value'][:16]} does not "
+                       f"follow from its payloads ({report['note']}); precommitted by {signers}")
     what = f"{plural(len(report['missing']), 'checkpoint')} not in the store: {', '.join(m[:16] for m in report['missing'])}"
+    if report["missing_authors"]:
+        what += f" (the payloads of {', '.join(peer_name(author) for author in report['missing_authors'])})"
     return head + "missing: " + "; ".join(part for part in (what if report["missing"] else "", report["note"]) if part)

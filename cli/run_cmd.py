@@ -71,7 +71,22 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="start from these weights (llama task): a transformers checkpoint directory or a .safetensors file",
     )
     create.add_argument("--public", action="store_true", help="publish the run in the DHT so anyone can find it by ID")
+    create.add_argument(
+        "--admission", choices=("open", "creator", "electorate"), default="open",
+        help="who may join: anyone (fresh keys earn a say by counted work), keys this node admits, or keys two "
+             "thirds of the run's voters admit (default open)",
+    )
+    create.add_argument(
+        "--admit", action="append", default=[], metavar="PEER_ID", dest="admitted",
+        help="a peer with a say from its join on, e.g. a member of your own team (repeat)",
+    )
     create.set_defaults(handler=create_run)
+
+    admit = commands.add_parser("admit", help="admit peers into a run: a say from their join (admission creator, "
+                                              "or this node's vote in admission electorate)")
+    admit.add_argument("run_id", metavar="RUN_ID", help=RUN_ID_HELP)
+    admit.add_argument("peer_ids", nargs="+", metavar="PEER_ID", help="the peers, as `locomesh status` prints them")
+    admit.set_defaults(handler=admit_peers)
 
     listing = commands.add_parser("list", help="list the runs this node created, joined or looked up")
     listing.set_defaults(handler=list_runs)
@@ -82,7 +97,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     info.set_defaults(handler=show_run)
 
     join = commands.add_parser("join", help="train in a run: find it, sync its state, take part from the next round")
-    leave = commands.add_parser("leave", help="stop training in a run after the round under way")
+    leave = commands.add_parser("leave", help="stop training in a run (it votes until its leave takes effect)")
     status = commands.add_parser("status", help="this node's part in a run: phase, rounds, losses")
     export = commands.add_parser("export", help="write a run's certified model as a directory transformers loads")
     for sub, handler in ((join, join_run), (leave, leave_run), (status, run_status), (export, export_run)):
@@ -90,7 +105,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         sub.set_defaults(handler=handler)
     export.add_argument("directory", metavar="DIR", help="where the files go (created if need be)")
 
-    for sub in (create, listing, info, join, leave, status, export):
+    for sub in (create, listing, info, join, leave, status, export, admit):
         add_data_dir_argument(sub)
         sub.add_argument("--json", action="store_true", help="print JSON")
     join.add_argument("--follow", action=argparse.BooleanOptionalAction, default=None,
@@ -149,7 +164,8 @@ def create_run(args: argparse.Namespace) -> int:
         settings = dict(parse_setting(text) for text in args.settings)
     except ValueError as error:
         return fail(str(error), EXIT_USAGE)
-    params = {"task": args.task, "settings": settings, "public": args.public, "name": args.name, "seed": args.seed}
+    params = {"task": args.task, "settings": settings, "public": args.public, "name": args.name, "seed": args.seed,
+              "admission": args.admission, "admitted": args.admitted}
     if args.init is not None:
         params["init"] = os.path.abspath(args.init)  # the daemon reads it: its working directory is not ours
     result = _call(args, "run.create", params)
@@ -161,13 +177,26 @@ def create_run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+@_exits
+def admit_peers(args: argparse.Namespace) -> int:
+    result = _call(args, "run.admit", {"run_id": args.run_id, "peer_ids": args.peer_ids})
+    if args.json:
+        print(json.dumps(result, indent=2, sort_keys=True))
+    else:
+        print(f"admitted {len(result['admitted'])} peer(s) into run {result['run_id']}: each has a say once a round "
+              "admits its join")
+    return EXIT_OK
+
+
 def next_step(args: argparse.Namespace, result: dict[str, Any]) -> str:
     """What to do after `run create`: creating a run does not make this node train in it."""
     command = ["locomesh", "run", "join", result["run_id"]]
     if args.data_dir is not None:  # the join must reach the same daemon
         command += ["--data-dir", args.data_dir]
     found = " (others find it with: locomesh run browse)" if result.get("public") else ""
-    return f"run created; this node does not train in it until it joins: {shlex.join(command)}{found}"
+    earned = ("; joiners earn a say by counted work, one new voter every few rounds at first: admit your own team "
+              "with --admit PEER_ID or `locomesh run admit`") if args.admission == "open" and not args.admitted else ""
+    return f"run created; this node does not train in it until it joins: {shlex.join(command)}{found}{earned}"
 
 
 @_exits

@@ -29,9 +29,9 @@ OUTCOME_WORDS = {COUNTED: f"{CONTRIBUTED}, {COUNTED}", NOT_COUNTED: f"{CONTRIBUT
 
 # Round machine phases (node/rounds/events.py `Phase`) in a user's words.
 PHASE_WORDS = {
-    "idle": "waiting to start", "train": "training (inner steps)", "collect": "exchanging payloads",
-    "propose": "agreeing on the round's set", "replay": "fetching the agreed payloads", "aggregate": "outer step",
-    "voted": "waiting for the certificate", "sync": "syncing the run's state",
+    "idle": "waiting to start", "train": "training (inner steps)",
+    "committed": "payload sent: agreeing on the round's set", "replay": "computing the certified set's outer step",
+    "sync": "syncing the run's state", "leaving": "leaving: voting until the leave takes effect",
     "paused": "paused: sitting rounds out, keeping the state current",
     "sitting out": "sitting rounds out (its schedule or limits), keeping the state current",
     "rejoining": "rejoining the run after the restart",
@@ -115,8 +115,10 @@ def phase_text(status: dict[str, Any]) -> tuple[str, str]:
 
 
 def waiting_text(waiting: dict[str, Any] | None) -> str:
-    """"waiting for votes of ... from 12D3KooW..., 12D3KooW... and 2 more": what the round waits for
-    and the peers (by peer ID) it waits on; "" when it waits for nothing."""
+    """"waiting for precommits of ... from 12D3KooW..., 12D3KooW... and 2 more": what the round waits
+    for and the peers (by peer ID) it waits on, then where its agreement stands (attempt, epoch,
+    step, the time waited against the recover deadline) and what this node does next; "" when it
+    waits for nothing."""
     if not waiting or not waiting.get("for"):
         return ""
     peers = list(waiting.get("on") or [])
@@ -125,9 +127,36 @@ def waiting_text(waiting: dict[str, Any] | None) -> str:
     more = f" and {len(peers) - SHOWN_PEERS} more" if len(peers) > SHOWN_PEERS else ""
     text = f"waiting for {waiting['for']}" + (f" from {', '.join(named)}{more}" if peers else "")
     if "waited_s" in waiting:
-        text += (f" (attempt {waiting['attempt']}: {waiting['waited_s']:.0f} s of its {waiting['deadline_s']:.0f} s "
-                 f"deadline); next: {waiting['next']}")
+        epoch = f", recovery epoch {waiting['epoch']}" if waiting.get("epoch") else ""
+        usual = "" if waiting.get("usual_s") is None else f", a round usually takes {waiting['usual_s']:.0f} s"
+        text += (f" (attempt {waiting['attempt']}{epoch}, {waiting['step']} step: {waiting['waited_s']:.0f} s of the "
+                 f"{waiting['deadline_s']:.0f} s before a recover{usual}); next: {waiting['next']}")
     return text
+
+
+def stuck_lines(waiting: dict[str, Any] | None) -> list[str]:
+    """The round under way cannot advance (``waiting.stuck``): why, and what fixes it, as `locomesh
+    doctor` says a failed check (a FAIL line, a "fix:" line under it); none while it may advance."""
+    stuck = (waiting or {}).get("stuck")
+    if not stuck:
+        return []
+    return [f"  FAIL  stuck: {stuck['cause']}", f"        fix: {stuck['fix']}"]
+
+
+def say_text(status: dict[str, Any]) -> str:
+    """Whether this node has a say in the run's rounds (it votes on them), or how many counted rounds
+    it still needs to earn one; "" for a status that does not tell."""
+    say = status.get("say")
+    if not say:
+        return ""
+    if say["has"]:
+        return f"say: yes, this node votes on the rounds ({say['why']})"
+    me = next((member["peer_id"] for member in status.get("member_peers") or [] if member["you"]), None)
+    needed = (status.get("earning") or {}).get(me)
+    if needed is not None:
+        return (f"say: none yet, earning one: {plural(needed, 'more counted round')} (rounds whose certified set "
+                "counts our payload), then a place in the rounds' draw of new voters")
+    return f"say: none ({say['why']})"
 
 
 def _loss(value: float | None) -> str:
@@ -181,7 +210,8 @@ def show_status(status: dict[str, Any]) -> None:
 
 def status_head(status: dict[str, Any]) -> list[str]:
     """The lines above the rounds: the run, this node's phase in it, what the round under way waits
-    for (and on whom), the device, the dataset, the members; for a run left, only that."""
+    for (and on whom; why it is stuck, with the fix, once it is), whether this node has a say, the
+    device, the dataset, the members; for a run left, only that."""
     if status.get("phase") == "rejoining":
         return [f"rejoining run {status['run_id']} after the restart: it trains again once its model is built and "
                 f"its participants met; {plural(len(status['history']), 'round')} it finished here kept",
@@ -198,6 +228,9 @@ def status_head(status: dict[str, Any]) -> list[str]:
         lines.append(f"  stopped: {status['error']}")
     elif status.get("phase") not in ("banned", "failed"):
         lines.append("  now: " + "; ".join(part for part in phase_text(status) if part))
+        lines += stuck_lines(status.get("waiting"))
+    if say_text(status):
+        lines.append(f"  {say_text(status)}")
     if status.get("device"):
         lines.append(f"  training on: {status['device']}")
     data = status.get("data")
@@ -208,14 +241,18 @@ def status_head(status: dict[str, Any]) -> list[str]:
 
 
 def _member_lines(status: dict[str, Any]) -> list[str]:
-    """A line per member: its peer ID, whether it is this node or connected, and how many of the
-    newest certified rounds aggregated its payload."""
+    """A line per member: its peer ID, whether it is this node or connected, how many of the newest
+    certified rounds aggregated its payload, and for a fresh key, the counted rounds it still needs
+    for a say."""
     members = status.get("member_peers") or []
     accepted = status.get("contributions") or {}
+    earning = status.get("earning") or {}
     lines = ["  members (peer ID; payloads aggregated in the newest certified rounds):"] if members else []
     for member in members:
         where = "this node" if member["you"] else "connected" if member["connected"] else "not connected"
-        lines.append(f"    {member['peer_id']}  {where}, {accepted.get(member['key'], 0)} aggregated")
+        needs = earning.get(member["peer_id"])
+        say = "" if needs is None else f", earning a say ({plural(needs, 'more counted round')})"
+        lines.append(f"    {member['peer_id']}  {where}, {accepted.get(member['key'], 0)} aggregated{say}")
     return lines
 
 

@@ -24,6 +24,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 from .client import EXIT_ERROR, EXIT_OK, DaemonNotRunning, RpcCallError
@@ -60,7 +61,7 @@ def run_swarm(args: argparse.Namespace) -> int:
             print(f"{len(daemons)} daemons up and connected on loopback", flush=True)
             settings = {"inner_steps": args.inner_steps, "round_deadline_s": args.deadline, "min_peers": len(daemons),
                         "delayed_updates": args.delayed_updates}
-            run_id = create_run(daemons[0], settings)
+            run_id = create_run(daemons[0], settings, admitted=daemons)
             print(f"run {run_id} created on node 0 (public, task {DEFAULT_TASK}); every node joins it by ID", flush=True)
             join_all(daemons, run_id)
             statuses = train(daemons, run_id, args.rounds, timeout=args.rounds * args.deadline, report=print_round)
@@ -123,9 +124,13 @@ def _connected(daemons: list[DaemonProcess], wanted: int) -> bool:
     return wanted == 0 or all(daemon.rpc().call("node.status")["dht_routing_table"] >= 1 for daemon in daemons)
 
 
-def create_run(creator: DaemonProcess, settings: dict[str, Any], *, seed: int = 1) -> str:
-    """A new public run of the default task on `creator`; its ID."""
-    params = {"task": DEFAULT_TASK, "settings": settings, "public": True, "name": "swarm", "seed": seed}
+def create_run(creator: DaemonProcess, settings: dict[str, Any], *, seed: int = 1,
+               admitted: Sequence[DaemonProcess] = ()) -> str:
+    """A new public run of the default task on `creator`, with the daemons `admitted` (a say from
+    their join: the swarm is one team); its ID."""
+    peers = [daemon.rpc().call("node.status")["peer_id"] for daemon in admitted if daemon is not creator]
+    params = {"task": DEFAULT_TASK, "settings": settings, "public": True, "name": "swarm", "seed": seed,
+              "admitted": peers}
     return creator.rpc(timeout=60.0).call("run.create", params)["run_id"]
 
 

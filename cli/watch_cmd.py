@@ -34,7 +34,7 @@ from locomesh.node.transfer.states import RUNNING_STATES
 from .client import DEFAULT_TIMEOUT, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, DaemonNotRunning, RpcCallError, RpcClient
 from .common import add_run_action, data_dir_of, fail, no_daemon, on_terminal, plural, refused
 from .progress import View, open_view
-from .run_view import format_status, joined_text, phase_text, round_line, round_table
+from .run_view import format_status, joined_text, phase_text, round_line, round_table, stuck_lines
 
 POLL_SECONDS = 1.0
 FOLLOW_POLL_SECONDS = 0.5
@@ -98,7 +98,8 @@ def _watch_lines(args: argparse.Namespace, client: RpcClient) -> int:
 
 
 def _watch_live(args: argparse.Namespace, client: RpcClient) -> int:
-    """A live table of the newest rounds and a line on the round under way, redrawn in place."""
+    """A live table of the newest rounds and a line on the round under way (and why it is stuck, once
+    it is), redrawn in place."""
     from rich.console import Group
     from rich.live import Live
     from rich.text import Text
@@ -111,7 +112,8 @@ def _watch_live(args: argparse.Namespace, client: RpcClient) -> int:
             header = Text(" · ".join(part for part in (
                 f"run {status['run_id'][:16]}…: {plural(status.get('members', 0), 'member')}, "
                 f"{plural(status.get('peers', 0), 'peer')} connected", what, detail) if part))
-            live.update(Group(header, round_table(records).to_rich()), refresh=True)
+            stuck = [Text(line) for line in stuck_lines(status.get("waiting"))] if status["phase"] not in STOPPED else []
+            live.update(Group(header, *stuck, round_table(records).to_rich()), refresh=True)
             ended = _ended(args, status, records[-1]["round"] if records else 0)
             if ended is not None:
                 return ended
@@ -156,10 +158,11 @@ def _timed_out(args: argparse.Namespace, shown: int) -> int:
 
 def follow_status(client: RpcClient, run_id: str, *, interval: float, json_lines: bool = False, rich: bool = False) -> int:
     """`run status --follow`: the status (`run_view.format_status`), then each round as it finishes
-    and, when it changes, what the round under way waits for, asking every `interval` seconds until
-    Ctrl-C (exit 0). With `json_lines` each round's record as one JSON line instead; with `rich` the
-    live view of `run watch`. Exit 0 also once the node left the run, 1 if the daemon stopped
-    training it; `RpcCallError` and `DaemonNotRunning` (a call over the client's timeout) pass through."""
+    and, when it changes, what the round under way waits for (and why it is stuck, once it is),
+    asking every `interval` seconds until Ctrl-C (exit 0). With `json_lines` each round's record as
+    one JSON line instead; with `rich` the live view of `run watch`. Exit 0 also once the node left
+    the run, 1 if the daemon stopped training it; `RpcCallError` and `DaemonNotRunning` (a call over
+    the client's timeout) pass through."""
     try:
         if rich:
             return _watch_live(argparse.Namespace(run_id=run_id, interval=interval, timeout=None, until=None), client)
@@ -171,10 +174,11 @@ def follow_status(client: RpcClient, run_id: str, *, interval: float, json_lines
 def _follow_lines(client: RpcClient, run_id: str, interval: float, json_lines: bool) -> int:
     shown: int | None = None
     now = ""
+    stuck = False
     for status in statuses(client, run_id, interval, None):
         if shown is None and not json_lines:
             print(format_status(status), flush=True)
-            now = _now_line(status)
+            now, stuck = _now_line(status), bool(stuck_lines(status.get("waiting")))
         else:
             for record in new_records(status, shown or 0):
                 print(json.dumps(record, sort_keys=True) if json_lines else f"  {round_line(record)}", flush=True)
@@ -188,6 +192,11 @@ def _follow_lines(client: RpcClient, run_id: str, interval: float, json_lines: b
         if not json_lines and _now_line(status) != now:
             now = _now_line(status)
             print(f"  now: {now}", flush=True)
+        lines = stuck_lines(status.get("waiting"))
+        if not json_lines and bool(lines) != stuck:  # said once as it gets stuck (its seconds change every poll)
+            stuck = bool(lines)
+            for line in lines:
+                print(line, flush=True)
     return EXIT_OK
 
 

@@ -1,8 +1,8 @@
 """The run's genesis: the signed manifest every rule of the run state starts from.
 
-Only what the CRDT needs is kept: who may write at all (admission), who may change
-hyperparameters, and the hyperparameters at round 0. The manifest's author (the creator)
-is always admitted.
+Only what the CRDT needs is kept: who may change hyperparameters and their values at round 0, who
+is admitted and how (crdt/membership.py), and the agreement's settings. The manifest's author (the
+creator) has a say from genesis: it is round 1's electorate.
 """
 
 from __future__ import annotations
@@ -18,12 +18,13 @@ from locomesh.protocol.runs import load_manifest
 class Genesis:
     run_id: bytes
     creator: bytes
-    admission: str  # "open" or "allowlist"
-    allowlist: frozenset[bytes]
+    admission: str  # "open", "creator" or "electorate"
+    admitted: frozenset[bytes]  # admitted at genesis: a say from the round their join is admitted in
     hparam_writers: frozenset[bytes]
     hparams: dict[str, Any]
     manifest: bytes
-    influence: str = "earned"  # "earned" or "joined" (crdt/electorate.py)
+    earn_rounds: int = 3
+    absent_rounds: int = 3
 
     @classmethod
     def from_manifest(cls, manifest_bytes: bytes) -> Genesis:
@@ -34,22 +35,21 @@ class Genesis:
             run_id=run_id,
             creator=envelope.author,
             admission=body["admission"],
-            allowlist=frozenset(body["allowlist"]),
+            admitted=frozenset(body["admitted"]),
             hparam_writers=frozenset(body["hparam_writers"]),
             hparams=dict(body["hparams"]),
             manifest=manifest_bytes,
-            influence=body.get("influence", "earned"),
+            earn_rounds=body["earn_rounds"],
+            absent_rounds=body["absent_rounds"],
         )
-
-    def admits(self, author: bytes) -> bool:
-        """May `author` write to this run at all?"""
-        return self.admission == "open" or author == self.creator or author in self.allowlist
 
     @property
     def trusted(self) -> frozenset[bytes]:
-        """The keys that weigh in quorums from their join: the creator and the allowlist."""
-        return self.allowlist | {self.creator}
+        """The keys with a say as soon as they take part: the creator and the keys admitted at genesis."""
+        return self.admitted | {self.creator}
 
-    def check_author(self, author: bytes) -> None:
-        if not self.admits(author):
-            raise ProtocolError("not-admitted", "the author is not on this run's allowlist")
+    def check_author(self, author: bytes, op_type: str) -> None:
+        """`ProtocolError` if `author` may not write ops of `op_type` at all: hyperparameter changes
+        come from the keys the genesis names only. Who may take part is the membership's rule."""
+        if op_type == "hparams" and author not in self.hparam_writers:
+            raise ProtocolError("not-writer", "only keys named at genesis may change hyperparameters")

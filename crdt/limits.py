@@ -5,36 +5,30 @@ ops, for any round, without ever joining, and every replica would keep them for 
 (each op is checked against them when it is applied, replica.py):
 
 1. **Members only.** An op other than `join`, `evidence` and `hparams` is valid only if its
-   author's newest `join`/`leave` on its own chain (below) is a `join`. `evidence` may come from
+   author's own chain (below) holds a `join`. A `leave` does not take that back: a member that
+   leaves votes until a round's value puts the leave into effect, and comes back by committing
+   (crdt/membership.py). `evidence` may come from
    anyone: it is self-verifying (evidence.py), convicts the same author whoever publishes it, and a
    node that only replicates a run (its creator before it joins, an observer) must be able to
    spread the proof of a fork to replicas that saw one side only. `hparams` comes only from keys
    named at genesis (genesis.py), which the manifest trusts and which need not train.
-2. **Caps per author and round** (`RULES`): at most `cap` ops of a kind per author per key (the
-   round, and for a timeout the attempt too) along the author's own chain. The caps are above
-   what an honest node writes (node/rounds/participation.py and service.py): one commit and proposal
-   per round and one vote per attempt of a round, which two of them already turn into a ban when
-   they differ (so the cap is 2:
-   the second is let in, and a conflicting pair shows as an equivocation; a third is refused);
-   one checkpoint per round it aggregated (two after a restart in the middle of one); no attest
-   (a checkpoint counts as its author's attestation: 4 leave room for a few candidates); one
-   join naming a round (and a leave, or a join again, after a quick change of mind); one score
-   per round a scoring committee member measured (capped at 2 like a vote: a second, different
-   one is an equivocation); one shard result per shard it sits on the committee of, for each
-   contributor set the round aggregates (capped at 2 per (round, set, shard) like a vote); one
-   dispute per wrong result it finds, at most one per (round, set, shard, member) unless that
-   member equivocated (capped at 2); a timeout
-   per attempt at a round, attempts up to MAX_ATTEMPT; an evidence op per equivocator it sees.
-   A dispute never names its own author (`not_author`): disputing oneself proves nothing.
-   Round-less kinds (`snapshot`, `evidence`) count against the newest round the author's own
-   chain named.
+2. **Caps per author and round** (`RULES`, from each op type's file in crdt/ops/): at most `cap`
+   ops of a type per author per key (the round, and for the agreement's messages the epoch and
+   attempt too) along the author's own chain. The caps are above what an honest node writes: one
+   commit a round, one proposal, prevote and precommit per attempt, one recover per epoch, each
+   capped at 2 so that a second, different one is let in and shows as an equivocation (a ban),
+   and a third is refused; a checkpoint or two and a few attestations a round; a join and a
+   leave after a quick change of mind; a shard result per committee seat; a dispute per wrong
+   result; an evidence op per equivocator it sees. A dispute never names its own author
+   (`not_author`): disputing oneself proves nothing. Round-less types (`admit`, `snapshot`,
+   `evidence`) count against the newest round the author's own chain named.
 3. **Not past the backed round**: an op may name a round at most `AHEAD` past the round its
-   causal past *backs* for its author: the highest round named by a vote of another author, or
-   by any vote when the author is trusted at genesis (the creator and the allowlist, who weigh
-   in quorums from their join). A certified round was voted by a quorum, so an honest member
-   always finds it backed by someone else's vote (a lone member that is not trusted excepted:
-   Known limits), and honest nodes name at most the certified round + 2. One key's own votes
-   back nothing for itself: it cannot climb alone, whatever it writes.
+   causal past *backs* for its author: the highest round named by a precommit of a value by
+   another author, or by any such precommit when the author is trusted at genesis (the creator
+   and the keys admitted at genesis). A certified round was precommitted by a quorum, so an
+   honest member always finds it backed by someone else's precommit (a lone member that is not
+   trusted excepted: Known limits), and honest nodes name at most the certified round + 2. One
+   key's own precommits back nothing for itself: it cannot climb alone, whatever it writes.
 4. **Not too far behind**: an op may name a round at most `BEHIND` below the highest round its
    author's own chain named before. Honest nodes write a state's checkpoint a round or two after
    its round (storing runs while the next round trains) and leave naming at least the certified
@@ -44,9 +38,9 @@ ops, for any round, without ever joining, and every replica would keep them for 
    most `WINDOW_OPS` and their contents at most `WINDOW_BYTES`. Rule 2 caps each kind in each
    round; this caps what all kinds together weigh, so the big kinds (proposals, scores,
    evidence: tens of KiB each) cannot fill a replica either. An honest member writes a commit,
-   a vote and a timeout per attempt, a proposal, a checkpoint or two, a few attestations and a
-   score in a round (in sharded exchange, a shard result per committee seat too): a few KiB, a
-   few hundred ops in a round that runs through every attempt.
+   a prevote and a precommit per attempt, a proposal now and then, a checkpoint or two, a few
+   attestations and a score in a round (in sharded exchange, a shard result per committee seat
+   too): a few KiB, a few hundred ops in a round that runs through many attempts.
    Content bytes are counted, not wire bytes: the same op under two seals is one op. Evidence
    is left out (`UNBUDGETED`): it is written on others' misdeeds, so counting it would let
    equivocating Sybils spend an honest member's budget; rule 2 caps it per round.
@@ -71,13 +65,13 @@ already named the op's round: by rule 4 those name rounds within 2 * BEHIND of i
 is bounded by the caps of that many rounds (a few links for an honest author). Rule 5 jumps back
 the chain one `top` at a time (`Link.since`): at most `WINDOW` jumps.
 
-Known limits. The backing is a vote by another key, not a certificate: a certificate needs the
-electorate of the op's causal past, which would cost a replay of that past per op. So keys that
-collude can still climb, each on the other's votes, `AHEAD` rounds per op; rules 2 and 5 bound
+Known limits. The backing is a precommit by another key, not a certificate: a certificate needs
+the electorate of the op's causal past, which would cost a replay of that past per op. So keys
+that collude can still climb, each on the other's precommits, `AHEAD` rounds per op; rules 2 and 5 bound
 what each key writes per window of rounds it climbs, and the node's gossip rate limit per peer
 (node/replication/service.py) how fast. A lone member that is not trusted at genesis (a run
-whose trusted members all left, down to one member) finds no other vote, and cannot name a
-round more than `AHEAD` past the last one another member voted for until a second member joins.
+whose trusted members all left, down to one member) finds no other precommit, and cannot name a
+round more than `AHEAD` past the last one another member precommitted until a second member joins.
 A replica started from a snapshot does not know the chain links of the ops the snapshot covers;
 it takes them as permissive (a member, no counts, no top round, the highest round the snapshot's votes name as
 backed by anyone) until snapshots carry the chain state.
@@ -85,61 +79,33 @@ backed by anyone) until snapshots carry the chain state.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Mapping
 
 from locomesh.protocol import ProtocolError
 
 from .facts import Facts
-from .ops import Op, OpId
+from .ops import REGISTRY, Op, OpId
+from .ops.base import Rule, freeze
 
 AHEAD = 4  # honest nodes name at most the certified round + 2 (rule 3)
 BEHIND = 8  # honest nodes name at least a round or two below their newest (rule 4)
-MAX_ATTEMPT = 64  # a timeout's attempt number: a round is retried a few times at most
 # Rule 5. An honest member writes some ten ops and a few KiB in a round, a few hundred ops in a
-# round that runs through every attempt; the budget leaves it many times that.
+# round that runs through many attempts; the budget leaves it many times that.
 WINDOW = 8  # rounds
 WINDOW_OPS = 1024
 WINDOW_BYTES = 1024 * 1024
 # Evidence is written on others' misdeeds, as many as equivocators show up: were it budgeted,
 # Sybils equivocating in bulk would spend an honest member's budget and silence it. Rule 2 caps it.
 UNBUDGETED = frozenset({"evidence"})
-
-
-@dataclass(frozen=True)
-class Rule:
-    """What one author may write of one op kind (see the module docstring)."""
-
-    cap: int  # ops of this kind per author per key, along its own chain
-    key: tuple[str, ...] = ("round",)  # body fields counted apart; () counts by the chain's newest round
-    members_only: bool = True
-    bounds: tuple[tuple[str, int], ...] = ()  # (body field, largest value allowed)
-    not_author: str | None = None  # a body field that may not name the op's author
-
-
-# One line per op kind. An op of a kind missing here is invalid (`ProtocolError` "no-rule").
-RULES: dict[str, Rule | None] = {
-    "join": Rule(2, members_only=False),
-    "leave": Rule(2),
-    "commit": Rule(2),
-    "vote": Rule(2, key=("round", "attempt"), bounds=(("attempt", MAX_ATTEMPT),)),
-    "propose": Rule(2),
-    "timeout": Rule(1, key=("round", "attempt"), bounds=(("attempt", MAX_ATTEMPT),)),
-    "checkpoint": Rule(2),
-    "attest": Rule(4),
-    "score": Rule(2),
-    "shard_result": Rule(2, key=("round", "set", "shard")),
-    "dispute": Rule(2, key=("round", "set", "shard", "member"), not_author="member"),
-    "snapshot": Rule(2, key=()),
-    "evidence": Rule(16, key=(), members_only=False),
-    "hparams": None,  # genesis writers only (genesis.py), exempt from the rest
-}
+# One rule per op type, from the registry (crdt/ops/: each type's file says why its cap is what it is).
+RULES: dict[str, Rule | None] = {name: entry.rule for name, entry in REGISTRY.items()}
 LIMIT_CODES = frozenset({"not-member", "over-cap", "too-far-ahead", "too-far-behind", "no-rule", "over-budget",
                          "names-self"})
 
-# The highest vote round in a causal past with its author, and the highest by any other author
-# (rule 3): enough to say, for every author, the highest round someone else voted for. The
-# author None stands for the votes a snapshot covers, which back a round for everyone.
+# The highest round a precommit of a value names in a causal past, with its author, and the
+# highest by any other author (rule 3): enough to say, for every author, the highest round someone
+# else precommitted. The author None stands for the precommits a snapshot covers, which back a
+# round for everyone.
 Backing = tuple[int, bytes | None, int]
 NO_VOTES: Backing = (0, None, 0)
 
@@ -167,11 +133,12 @@ class Link:
     def __init__(self, prev: Link | None, member: bool, top: int, backing: Backing, kind: str | None, at: Any,
                  count: int, ops: int = 0, size: int = 0):
         self.prev = prev  # the chain predecessor's link
-        self.member = member  # the newest join/leave on the chain, this op included, is a join
+        self.member = member  # the chain holds a join, this op included
         self.top = top  # the highest round the chain named, this op included
         self.backing = backing  # the votes of the causal past, this op included (rule 3)
-        # Rule 2 counts this op under (kind, at): its round (with the attempt, for a timeout), or
-        # for a round-less kind the chain's newest round; kind None: not counted.
+        # Rule 2 counts this op under (kind, at): its rule's key (its round, with epoch and attempt
+        # for the agreement's messages), or for a round-less kind the chain's newest round; kind
+        # None: not counted.
         self.kind, self.at = kind, at
         self.count = count  # ops on the chain under (kind, at), this one included
         self.ops, self.size = ops, size  # ops and content bytes on the chain so far (rule 5)
@@ -190,9 +157,9 @@ class Limits:
 
     @classmethod
     def covering(cls, facts: Facts, trusted: frozenset[bytes] = frozenset()) -> Limits:
-        """Limits for a replica that starts from the facts of a snapshot: the votes it covers back
-        their highest round for everyone (rule 3; other kinds back nothing, as on a full replica)."""
-        return cls(trusted, max((row[1] for row in facts.votes), default=0))
+        """Limits for a replica that starts from the facts of a snapshot: the precommits it covers
+        back their highest round for everyone (rule 3; other types back nothing, as on a full replica)."""
+        return cls(trusted, max((row[2] for row in facts.rows["precommit"] if row[5]), default=0))
 
     def check(self, op: Op, index: Mapping[OpId, tuple[bytes, int, int]]) -> Link:
         """The link `op` would get, or `ProtocolError` if it breaks a rule. `index` maps each
@@ -250,7 +217,7 @@ class Limits:
                 raise ProtocolError("too-far-behind", f"round {round_} is more than {BEHIND} below round {top}, "
                                                       "the highest its author named before")
             top = max(top, round_)
-            if op_type == "vote":
+            if op_type == "precommit" and body["value"]:
                 backing = merge_backing(backing, (round_, author, 0))
         else:
             round_ = top
@@ -266,8 +233,8 @@ class Limits:
                                                    f"{WINDOW_OPS} ops and {WINDOW_BYTES} bytes ({link_ops} ops and "
                                                    f"{link_size} bytes before this one of {size})")
             ops, total = ops + 1, total + size
-        if op_type in ("join", "leave"):
-            member = op_type == "join"
+        if op_type == "join":
+            member = True
         return Link(prev, member, top, backing, kind, at, count, ops, total)
 
 
@@ -316,31 +283,22 @@ def content_size(data: bytes) -> int:
 
 def earlier_statement(facts: Facts, author: bytes, op_type: str, fields: Mapping[str, Any]) -> str | None:
     """What `author` already said that an op of `op_type` with `fields` would say again: "same"
-    (the same vote, commitment, proposal, score, shard result, dispute or attestation: writing it
-    again adds nothing), "conflict" (a different vote, commitment, proposal or score for the
-    round, or shard result for the shard of the contributor set: writing it is an equivocation,
-    a ban), or None. For the node's own writes after a restart (node/replication/service.py)."""
+    (the same statement, or the same checkpoint, attestation or dispute: writing it again adds
+    nothing), "conflict" (a different statement at one place, crdt/ops/: writing it is an
+    equivocation, a ban), or None. For the node's own writes after a restart
+    (node/replication/service.py)."""
+    entry = REGISTRY[op_type]
+    if entry.custom_row is not None:
+        return None
+    row = (b"",) * entry.referable + (author, *(freeze(fields[name]) for name in entry.fields))
+    if entry.equivocation is not None:
+        said = facts.statements_at(entry.place(row))
+        if not said:
+            return None
+        return "same" if said == {entry.statement(row)} else "conflict"
     if op_type in ("checkpoint", "attest"):
-        said = (author, fields["round"], fields["id"], fields["size"]) in facts.attests
-        return "same" if said else None
-    if op_type == "dispute":
-        disputed = (fields["member"], fields["shard"], fields["hash"])
-        return "same" if author in facts.disputes_in(fields["round"], fields["set"]).get(disputed, ()) else None
-    if op_type == "vote":
-        attempt = fields.get("attempt", 0)
-        saying = (fields["hash"], fields.get("proposer", b""))
-        said = {(h, p) for a, h, p in facts.votes_in(fields["round"]).get(author, ()) if a == attempt}
-    elif op_type == "commit":
-        saying, said = (fields["hash"], fields["size"]), facts.commits_in(fields["round"]).get(author)
-    elif op_type == "propose":
-        saying, said = tuple(fields["authors"]), facts.proposals_in(fields["round"]).get(author)
-    elif op_type == "score":
-        saying, said = (tuple(fields["authors"]), tuple(fields["scores"])), facts.scores_in(fields["round"]).get(author)
-    elif op_type == "shard_result":
-        by_shard = facts.shard_results_in(fields["round"], fields["set"])
-        saying, said = fields["hash"], by_shard.get(fields["shard"], {}).get(author)
-    else:
-        return None
-    if not said:
-        return None
-    return "same" if said == {saying} else "conflict"
+        return "same" if row in facts.rows[op_type] else None
+    if "round" in entry.fields and entry.referable:
+        held = facts.in_round(op_type, fields["round"]).get(author, ())
+        return "same" if any(other[1:] == row[1:] for other in held) else None
+    return None

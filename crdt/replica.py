@@ -1,27 +1,31 @@
-"""One replica of a run's state: the op DAG, its validation, and the materialised view.
+"""One replica of a run's state: the op DAG, its validation, and the certified history it holds.
 
 Theory of operation. `add(bytes)` is the one way in. An op is decoded and its seal checked
-once (ops.py, seal.py); an op already held, applied or waiting, costs a parse, one SHA-256
+once (ops/wire.py, seal.py); an op already held, applied or waiting, costs a parse, one SHA-256
 and a dict lookup, which is the cache of verified op IDs; the other ops of a sealed batch
 skip the signature check (`SealCache`). If all its dependencies are applied, it is applied
 now; otherwise it waits in the bounded pending buffer (pending.py) and every op it releases
 is applied in turn. Applying checks what depends on the causal past (the `seq` rule,
 evidence, and what one author may write: members only, a few ops per round and a budget per
-window of rounds, rounds backed by other members' votes; limits.py), records the op's facts (facts.py) and updates the heads. An
-authenticated op that fails is rejected with a `ProtocolError`, remembered by ID (bounded), and every op waiting on
-it is rejected too; bytes that fail before their seal proved the author are refused and
-forgotten, since the ID names only the content and a good copy may follow. No step reads a
-clock or depends on arrival order, so two replicas holding the same ops hold the same facts
-and `state` (view.py), whatever order the ops came in.
+window of rounds, rounds backed by other members' precommits; limits.py), records the op's
+facts (facts.py), hands its row to the chain (chain.py: the certified history, built as ops
+arrive) and updates the heads. An authenticated op that fails is rejected with a
+`ProtocolError`, remembered by ID (bounded), and every op waiting on it is rejected too; bytes
+that fail before their seal proved the author are refused and forgotten, since the ID names only
+the content and a good copy may follow. No step reads a clock or depends on arrival order, so two
+replicas holding the same ops hold the same facts, chain and `state` (view.py), whatever order
+the ops came in.
 
 Writing: `create` seals one op; `create_batch` chains several ops of one author and seals
 them with one signature, which is what makes a backlog cheap to verify.
 
 The `seq` rule: an op's `seq` is one more than the largest `seq` among its dependencies by
 the same author, or 1 when none is by that author. An honest author always lists its own
-newest op, so its ops form one chain; two ops by one author with one `seq` are a fork, which
-the facts turn into a ban (and which `Receipt.equivocations` hands to the caller, so it can
-publish evidence for replicas that only saw one side).
+newest op, so its ops form one chain; two ops by one author with one `seq` are a fork, and two
+ops that state different things at one place (crdt/ops/) a double statement: the facts prove
+both, and `Receipt.equivocations` hands the pair to the caller, which publishes it as evidence
+(replicas that saw one side learn of it; a round's value names the evidence and the ban takes
+effect).
 """
 
 from __future__ import annotations
@@ -33,17 +37,16 @@ from typing import Any, Callable
 from locomesh.protocol import Identity, ProtocolError
 from locomesh.protocol.kinds import MAX_PARENTS
 
+from .chain import Chain
 from .evidence import ban_reason, guilty_author
 from .facts import Facts
 from .genesis import Genesis
-from .limits import Limits
-from .ops import Op, OpId, content_id, decode_op, decode_wire, op_content, parse_wire, seal_ops
+from .limits import AHEAD, Limits
+from .membership import JOIN_FRESH
+from .ops import REGISTRY, Op, OpId, content_id, decode_op, decode_wire, op_content, parse_wire, seal_ops
 from .pending import PendingBuffer
 from .seal import SealCache
-from .view import (
-    Attempt, Checkpoint, RunState, checkpoint_candidates, contributors, derive, has_lapsed, round_attempts,
-    round_commits, round_proposals, round_votes, uncertified_history,
-)
+from .view import Checkpoint, RunState, checkpoint_candidates, derive
 
 MiB = 1024 * 1024
 
@@ -82,6 +85,7 @@ class Replica:
         self._seen_seq: dict[tuple[bytes, int], OpId] = {}  # first op per (author, seq), applied or waiting
         self._newest: dict[bytes, tuple[int, OpId]] = {}  # author -> its newest applied (seq, id)
         self.limits = Limits(genesis.trusted)  # what each author may still write (limits.py)
+        self.chain = Chain(genesis, self.facts)  # the certified history, as ops arrive (chain.py)
         self._state: RunState | None = None
         self._seals = SealCache()
         # Called (no arguments) after every op applied: how a reader waits for news without polling.
@@ -100,6 +104,7 @@ class Replica:
         replica = cls(genesis, **limits)
         replica.facts = facts
         replica.limits = Limits.covering(facts, genesis.trusted)
+        replica.chain = Chain(genesis, facts)
         replica._heads = set(heads)
         for op, (author, seq, _depth) in facts.ops.items():
             replica._seen_seq.setdefault((author, seq), op)
@@ -136,70 +141,77 @@ class Replica:
 
     @property
     def state(self) -> RunState:
-        """The materialised run state (recomputed after changes, then cached)."""
+        """The run state summarised (recomputed after changes, then cached)."""
         if self._state is None:
-            self._state = derive(self.facts, self.genesis)
+            self._state = derive(self.chain, self.facts, self.genesis)
         return self._state
 
-    def contributors(self, round_: int) -> set[bytes]:
-        """The unbanned authors that may commit a payload for round `round_` (electorate.py's rules)."""
-        return contributors(self.facts, round_, self.state.disputed)
-
-    def attempts(self, round_: int) -> list[frozenset[bytes]]:
-        """The electorates of round `round_`'s attempts so far, attempt 0's first (electorate.py)."""
-        return round_attempts(self.facts, self.genesis, self.state, round_)
-
-    def history(self, round_: int) -> list[Attempt]:
-        """The attempts of round `round_`, a round past the newest certified one, so far: each one's
-        electorate, standing votes and whether it split (electorate.py)."""
-        return uncertified_history(self.facts, self.genesis, self.state, round_)
-
     def electorate(self, round_: int) -> frozenset[bytes]:
-        """Who votes, proposes and stores the state in round `round_` now (its latest attempt's electorate)."""
-        return self.attempts(round_)[-1]
+        """Who proposes and votes in round `round_`: the tip's electorate in its epoch now, or the
+        electorate that certified a certified round (empty for a round past the tip)."""
+        if round_ == self.chain.tip.round:
+            return self.chain.tip.electorate
+        certificate = self.chain.certificates.get(round_)
+        return frozenset() if certificate is None else certificate.electorate
+
+    def contributors(self, round_: int) -> frozenset[bytes]:
+        """Who may commit a payload for round `round_` (the round under way: crdt/value.py's rule
+        1): roster keys with a say, the fresh keys its slate draws, and admitted keys whose join
+        is waiting (a value may admit them with their payload, and with the creator's admission of
+        them); empty for another round."""
+        tip = self.chain.tip
+        if round_ != tip.round:
+            return frozenset()
+        membership = tip.membership
+        say = {key for key, member in membership.roster.items() if member.say}
+        admitted = membership.admitted | self.genesis.trusted
+        if self.genesis.admission != "electorate":  # the creator's admissions come with the join they admit
+            admitted |= {key for _op, author, key in self.facts.rows["admit"] if author == self.genesis.creator}
+        joining = {key for key in self.joining() if key in admitted}
+        return frozenset(say | set(membership.slate(tip.seed)) | joining)
+
+    def joining(self) -> set[bytes]:
+        """Keys on no roster, not banned, whose join (not stale: crdt/membership.py) waits for a value."""
+        tip = self.chain.tip
+        m = tip.membership
+        keys: set[bytes] = set()
+        for round_ in range(max(0, tip.round - JOIN_FRESH), tip.round + AHEAD + 1):
+            keys.update(key for key in self.facts.in_round("join", round_) if key not in m.roster and key not in m.banned)
+        return keys
+
+    def commits(self, round_: int) -> dict[bytes, tuple[bytes, int]]:
+        """author -> (payload ID, size) of round `round_`'s commitments, by authors with exactly one
+        (two: an equivocation), neither banned nor proven to have equivocated. Reads the facts'
+        per-round index: cheap enough to call on every poll."""
+        banned = self.chain.tip.membership.banned
+        commits = {}
+        for author, said in self.facts.commits_in(round_).items():
+            if len(said) == 1 and author not in banned and not self.facts.proven(author):
+                (commits[author],) = said
+        return commits
+
+    def commit_ops(self, round_: int) -> dict[bytes, OpId]:
+        """author -> the ID of its commit op for round `round_` (for authors with exactly one)."""
+        return {author: next(iter(rows))[0] for author, rows in self.facts.in_round("commit", round_).items()
+                if len(rows) == 1}
 
     def checkpoint_candidates(self, round_: int) -> tuple[Checkpoint, ...]:
         """The checkpoints of certified round `round_` its voters attested, most attested first."""
-        return checkpoint_candidates(self.facts, self.state, round_)
-
-    def lapsed(self, author: bytes, round_: int) -> bool:
-        """Is `author` a member left out of round `round_`'s electorate for want of activity (it
-        committed or voted in none of the last rounds), so that it must join again?"""
-        return has_lapsed(self.facts, author, round_) and author not in self.state.banned
-
-    def commits(self, round_: int) -> dict[bytes, tuple[bytes, int]]:
-        """author -> (payload ID, size) of round `round_`'s commitments by its contributors.
-
-        Reads the facts' per-round index: cheap enough to call on every poll.
-        """
-        return round_commits(self.facts, round_, self.state.disputed)
-
-    def proposals(self, round_: int) -> dict[bytes, tuple[bytes, ...]]:
-        """author -> the contributor set it proposed for round `round_`, for the round's contributors."""
-        return round_proposals(self.facts, round_, self.state.disputed)
-
-    def votes(self, round_: int) -> dict[bytes, bytes]:
-        """author -> the hash its standing vote names in the latest attempt of round `round_`, a
-        round past the newest certified one."""
-        return round_votes(self.history(round_))
+        return checkpoint_candidates(self.chain, self.facts, round_)
 
     def shard_results(self, round_: int, set_id: bytes) -> dict[int, dict[bytes, set[bytes]]]:
         """shard -> author -> the result hashes it signed for that shard of contributor set
-        `set_id` in round `round_`, every author's (more than one hash: it equivocated, a ban).
-        A copy of the facts' per-round index."""
-        return {shard: {author: set(said) for author, said in by_author.items()}
-                for shard, by_author in self.facts.shard_results_in(round_, set_id).items()}
+        `set_id` in round `round_`, every author's (more than one hash: it equivocated, a ban)."""
+        return self.facts.shard_results_in(round_, set_id)
 
     def disputes(self, round_: int, set_id: bytes) -> dict[tuple[bytes, int, bytes], set[bytes]]:
         """(member, shard, hash) -> the authors that disputed the result `hash` of that shard of
-        contributor set `set_id` in round `round_` as `member`'s, every author's (whether
-        `member` signed it or not: the ban counts only what it signed for that set, and only the
-        round's electorate; view.py: `dispute_bans`)."""
-        return {key: set(authors) for key, authors in self.facts.disputes_in(round_, set_id).items()}
+        contributor set `set_id` in round `round_` as `member`'s."""
+        return self.facts.disputes_in(round_, set_id)
 
     def ban_reason(self, author: bytes) -> str | None:
-        """Why the run bans `author`, in words (disputes included); None if it does not."""
-        return ban_reason(self.facts, author, self.state)
+        """Why the run bans `author` (or will, once a round names the proof), in words; None if it does not."""
+        return ban_reason(self.facts, author, self.chain)
 
     # --- writing ------------------------------------------------------------------------------
 
@@ -240,7 +252,7 @@ class Replica:
             receipt.waiting = True
             receipt.evicted = self.pending.park(op, missing)
             return
-        self._apply(op)  # raises for this op itself
+        self._apply(op, receipt)  # raises for this op itself
         receipt.applied.append(op.id)
         self._release(op.id, receipt)
 
@@ -283,12 +295,10 @@ class Replica:
     # --- inside -------------------------------------------------------------------------------
 
     def _check_writer(self, author: bytes, op_type: str) -> None:
-        """The genesis rules on who may write (and who may change hyperparameters)."""
-        self.genesis.check_author(author)
-        if op_type == "hparams" and author not in self.genesis.hparam_writers:
-            raise ProtocolError("not-writer", "only keys named at genesis may change hyperparameters")
+        """The genesis rule on who may write (hyperparameter changes: the keys it names)."""
+        self.genesis.check_author(author, op_type)
 
-    def _apply(self, op: Op) -> None:
+    def _apply(self, op: Op, receipt: Receipt) -> None:
         """Check what depends on the causal past, then record the op; raise if invalid."""
         try:
             depth = self._depth_checking_seq(op)
@@ -298,7 +308,7 @@ class Replica:
                 convicts = guilty_author(op.body["reason"], op.body["a"], op.body["b"], self.run_id)
         except ProtocolError as error:
             raise self._reject(op.id, error) from None
-        self.facts.add(op, depth, convicts)
+        doubles = self.facts.add(op, depth, convicts)
         self.limits.record(op.id, link)
         self._data[op.id] = op.data
         self._deps[op.id] = op.dependencies
@@ -307,6 +317,11 @@ class Replica:
         if op.seq > self._newest.get(op.author, (0, b""))[0]:
             self._newest[op.author] = (op.seq, op.id)
         self._state = None
+        self.chain.on_row(op.type, REGISTRY[op.type].row(op, convicts))
+        for earlier, _this in doubles:
+            other = self.op(earlier)
+            if other is not None:
+                receipt.equivocations.append((other, op))
         for sink in self.sinks:
             sink(op.data)
         for listener in self.listeners:
@@ -330,7 +345,7 @@ class Replica:
         while queue:
             for ready in self.pending.resolve(queue.pop()):
                 try:
-                    self._apply(ready)
+                    self._apply(ready, receipt)
                 except ProtocolError as error:
                     receipt.rejected.append((ready.id, error))
                     self._reject_waiters(ready.id, receipt)

@@ -3,18 +3,18 @@
 A run whose settings turn scoring on ("scoring": "report", training/run_settings.py) has, for each
 certified round r, a *scoring committee*: the first SCORING_COMMITTEE members of r's certifying
 electorate in an order drawn from r's certified hash (shared randomness: no single key chose
-it). Each of them that voted the certified hash (it computed the state, so it holds θ_{r-1} and
-the round's payloads; influence is earned) measures every accepted contribution of r applied
-alone to θ_{r-1} (training/scoring.py) and signs the scores in a `score` op. Why the electorate
-and not the voters: a certificate's voters grow as late votes arrive, so an order over them
-could change after a member scored; the electorate of the certifying attempt does not.
+it). Each of them that precommitted the certified state (it computed it, so it holds θ_{r-1} and
+the round's payloads; a say is earned) measures every accepted contribution of r applied alone
+to θ_{r-1} (training/scoring.py) and signs the scores in a `score` op. Why the electorate and not
+the precommitters: late precommits add to those, so an order over them could change after a
+member scored; the electorate that certified the round does not.
 
 Scores are floats from torch forward passes, not bit-exact across CPUs: nobody recomputes them,
 they are the measurers' signed word. What counts, a pure function of the facts:
 
-- reports of committee members that voted the certified hash and are not banned; any other
+- reports of committee members that precommitted the certified state and are not banned; any other
   key's score op is kept in the DAG (it is a valid op of a member) and counts for nothing, as a
-  vote from outside the electorate does;
+  precommit from outside the electorate does;
 - of a report, only the entries for r's accepted contributions;
 - per contribution, the median of the counted reports, once at least MIN_REPORTS of them count:
   with three one liar cannot move it beyond the honest ones' range. Fewer, and the score is not
@@ -28,10 +28,10 @@ from __future__ import annotations
 
 import statistics
 
-from locomesh.protocol.kinds import MAX_SCORE, SCORE_UNIT
-
-from .electorate import Certificate, drawn_order, is_banned
+from .chain import Certificate
 from .facts import Facts
+from .ops.score import MAX_SCORE, SCORE_UNIT
+from .quorum import drawn_order
 from .view import RunState
 
 SCORING_COMMITTEE = 3  # measurers per round: a median of three outvotes one liar
@@ -67,7 +67,7 @@ def round_scores(facts: Facts, state: RunState, round_: int) -> dict[bytes, floa
     measured: dict[bytes, list[int]] = {}
     for scorer in scoring_committee(certificate):
         said = reports.get(scorer)
-        if not said or len(said) != 1 or scorer not in certificate.voters or is_banned(facts, scorer, state.disputed):
+        if not said or len(said) != 1 or not _computed(facts, certificate, scorer) or scorer in state.banned:
             continue
         ((authors, values),) = said
         for author, value in zip(authors, values):
@@ -75,6 +75,12 @@ def round_scores(facts: Facts, state: RunState, round_: int) -> dict[bytes, floa
                 measured.setdefault(author, []).append(value)
     return {author: statistics.median(values) / SCORE_UNIT if len(values) >= MIN_REPORTS else None
             for author, values in measured.items()}
+
+
+def _computed(facts: Facts, certificate: Certificate, member: bytes) -> bool:
+    """Did `member` precommit the certified (value, state) of `certificate`'s round: it computed the state."""
+    named = (certificate.value_id, certificate.state)
+    return any((row[5], row[6]) == named for row in facts.in_round("precommit", certificate.round).get(member, ()))
 
 
 def score_history(facts: Facts, state: RunState,

@@ -3,7 +3,7 @@
 A snapshot covers the down-set of a frontier (the frontier ops and all their ancestors). Its
 state hash is SHA-256 of the canonical facts of exactly those ops (facts.py). Members who
 computed the same facts each sign a `crdt.snapshot` op naming (state hash, frontier, op count);
-more than 2/3 of the members, as the snapshot's own facts count them, make it certified.
+more than 2/3 of the electorate, as the snapshot's own facts certify it, make it certified.
 
 A newcomer given the facts bytes and the certificate ops checks the hash and the quorum on its
 own, starts from the facts, and fetches only the ops after the frontier. Facts are a union, so
@@ -24,7 +24,8 @@ from .facts import Facts
 from .genesis import Genesis
 from .ops import OpId, decode_op
 from .replica import Replica
-from .view import derive, is_quorum
+from .chain import Chain
+from .quorum import is_quorum
 
 
 def facts_of_downset(replica: Replica, frontier: list[OpId]) -> Facts:
@@ -69,10 +70,11 @@ def load_snapshot(genesis: Genesis, facts_bytes: bytes, certificate: list[bytes]
         raise ProtocolError("bad-snapshot", "a certificate is made of snapshot ops")
     if claimed != state or count != len(facts.ops) or not set(frontier) <= facts.ops.keys():
         raise ProtocolError("bad-snapshot", "the facts do not match the snapshot the certificate names")
-    members = set(derive(facts, genesis).members)
-    signers = {op.author for op in ops} & members
-    if not is_quorum(len(signers), len(members)):
-        raise ProtocolError("bad-snapshot", f"{len(signers)} of {len(members)} members signed: not a quorum")
+    electorate = Chain(genesis, facts).tip.electorate
+    signers = {op.author for op in ops} & electorate
+    if not is_quorum(len(signers), len(electorate)):
+        raise ProtocolError("bad-snapshot", f"{len(signers)} of {len(electorate)} members of the electorate "
+                                            "signed: not a quorum")
     replica = Replica.from_facts(genesis, facts, list(frontier), **limits)
     for data in certificate:
         replica.add(data)

@@ -147,7 +147,8 @@ async def spam_ops(crdt: CrdtService, run_id: bytes, identity: Identity, *, unti
             continue
         specs = [("attest", {"round": round_number, "id": hashlib.sha256(i.to_bytes(4, "big")).digest(), "size": i})
                  for i in range(SPAM_OPS // 2)]
-        specs += [("propose", {"round": round_number + 100 + i, "authors": [identity.public_key]}) for i in range(SPAM_OPS // 2)]
+        specs += [("prevote", {"round": round_number + 100 + i, "epoch": 0, "attempt": 0, "value": b""})
+                  for i in range(SPAM_OPS // 2)]
         ops = forged_chain(replica, identity, specs)
         for start in range(0, len(ops), SPAM_BATCH):
             await crdt._publish(run_id, ops[start:start + SPAM_BATCH])

@@ -66,13 +66,15 @@ class _Settings:
     scoring: str = "off"  # a modelled state has no loss to score contributions by
     exchange: str = RoundSettings.exchange  # allgather, sharded or auto (node/exchange/mode.py), as a real run's
     byzantine_fraction: float = RoundSettings.byzantine_fraction
+    recover_after: int = RoundSettings.recover_after
 
     @classmethod
     def from_hparams(cls, hparams: Mapping[str, Any]) -> _Settings:
         """What the round reads of a genesis' `hparams` (defaults as a real run's)."""
         return cls(int(hparams["inner_steps"]), bool(hparams.get("delayed_updates", False)),
                    exchange=str(hparams.get("exchange", cls.exchange)),
-                   byzantine_fraction=float(hparams.get("byzantine_fraction", cls.byzantine_fraction)))
+                   byzantine_fraction=float(hparams.get("byzantine_fraction", cls.byzantine_fraction)),
+                   recover_after=int(hparams.get("recover_after", cls.recover_after)))
 
 
 @dataclass(frozen=True)

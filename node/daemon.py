@@ -50,13 +50,14 @@ from locomesh.node.logs import join_libp2p_logging
 from locomesh.node.ping import PingService
 from locomesh.node.rpc.dispatch import RpcDispatcher
 from locomesh.node.rpc.server import RpcServer
+from locomesh.node.service import DRAIN_SECONDS
 from locomesh.node.runtime import AddressInUse, Node
 from locomesh.node.service import Service
 from locomesh.node.streams import sole_exception
 
 logger = logging.getLogger(__name__)
 
-SHUTDOWN_TIMEOUT = 10.0
+SHUTDOWN_TIMEOUT = DRAIN_SECONDS + 10.0  # a run's graceful leave, then what the services persist
 EXIT_NO_DEVICE = 2  # as a bad configuration (`cli.client.EXIT_USAGE`): the user's --device to change
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 

@@ -41,7 +41,7 @@ from locomesh.node.metrics import Metrics
 from locomesh.node.peer_scores import PeerScores
 from locomesh.node.peers import PeerTracker
 from locomesh.node.rpc.dispatch import RpcRegistry
-from locomesh.node.service import SHUTDOWN_GRACE, Service
+from locomesh.node.service import DRAIN_SECONDS, SHUTDOWN_GRACE, Service
 from locomesh.node.stream_pool import StreamPool
 from locomesh.node.streams import NOT_PROTOCOL_ERRORS, Handler, guarded
 
@@ -194,12 +194,21 @@ class Node:
                     logger.info("node %s listening on %s", self.peer_id, ", ".join(self.listen_addresses()))
                     task_status.started()
                     await self._stop.wait()
+                    await self._drain()
                     nursery.cancel_scope.cancel()
                 await self.stream_pool.aclose()
                 await self._close_connections()
         finally:
             with trio.CancelScope(shield=True), trio.move_on_after(SHUTDOWN_GRACE):
                 await self.host.close()
+
+    async def _drain(self) -> None:
+        """Let every service that drains say what it must before it goes (node/service.py, 4)."""
+        drains = [service.drain for service in self.services if hasattr(service, "drain")]
+        with trio.move_on_after(DRAIN_SECONDS):
+            async with trio.open_nursery() as nursery:
+                for drain in drains:
+                    nursery.start_soon(drain)
 
     def _check_listening(self) -> None:
         # py-libp2p logs a failed listen and carries on without it; a node that

@@ -15,8 +15,11 @@ Its contract:
    the next service only then, and answers RPC only when all have started.
 3. Then do its background work (or just return if it has none; its handlers
    stay registered). Every network wait has a timeout.
-4. On shutdown the node cancels the nursery. A service that must persist
-   something does it in a ``finally`` under
+4. On shutdown the node first awaits, for every service that has one, its
+   ``async def drain(self) -> None`` (all at once, within DRAIN_SECONDS: what a
+   service must still say to its peers before it goes, a run's leave), then
+   cancels the nursery. A service that must persist something does it in a
+   ``finally`` under
    ``trio.CancelScope(shield=True, deadline=trio.current_time() + SHUTDOWN_GRACE)``
    so shutdown stays bounded.
 
@@ -34,6 +37,7 @@ if TYPE_CHECKING:
     from .runtime import Node
 
 SHUTDOWN_GRACE = 3.0
+DRAIN_SECONDS = 30.0  # what the services' drains may take at most, together
 
 
 class Service(Protocol):

@@ -115,6 +115,8 @@ RUN_CARDS = register(
 
 # --- runs: the signed genesis manifest (its hash is the run ID) ----------------------------
 
+ADMISSIONS = ("open", "creator", "electorate")
+
 RUN_MANIFEST = register(
     MessageKind(
         "run.manifest",
@@ -125,16 +127,16 @@ RUN_MANIFEST = register(
                 "task_config": Map(Scalar(1024), max_len=64),
                 "seed": Int(0, 2**63 - 1),
                 "hparams": Map(Scalar(), max_len=64),
-                "admission": OneOf(frozenset({"open", "allowlist"})),
-                # "earned" (the default): a member weighs in quorums only once a round accepted
-                # its contribution; "joined": from its join (crdt/electorate.py).
-                "influence": OneOf(frozenset({"earned", "joined"})),
-                "allowlist": List(_public_key, max_len=1024),
+                # Who may join (crdt/membership.py): "open" anyone, "creator" keys the creator
+                # admitted, "electorate" keys more than two thirds of the electorate admitted.
+                "admission": OneOf(frozenset(ADMISSIONS)),
+                "admitted": List(_public_key, max_len=1024),  # admitted at genesis: a say from their join
+                "earn_rounds": Int(1, 1000),  # counted rounds a fresh key needs for a say (open runs)
+                "absent_rounds": Int(1, 1000),  # certified rounds without a member before it leaves the electorate
                 "hparam_writers": List(_public_key, max_len=64),
                 "public": Bool(),
                 "created": Int(0, 2**63 - 1),
             },
-            optional=frozenset({"influence"}),
         ),
         256 * KiB,
         run_scoped=False,
@@ -143,97 +145,15 @@ RUN_MANIFEST = register(
 
 # --- crdt: run-state ops and anti-entropy sync (added with the CRDT) ------------------------
 
-# Every op is its own kind, so each op type has its own body schema and size cap. All op bodies
-# share `parents` (the author's heads when it wrote the op; sorted, distinct) and `seq` (one more
-# than the author's own newest op among the parents). An op is its content (an unsigned envelope:
-# v, kind, run, author, body; the cap bounds it) plus a seal: one signature over the Merkle root of
-# a batch of up to MAX_SEAL_OPS ops, and the op's path to it (crdt/seal.py), at most SEAL_OVERHEAD
-# bytes more. The op ID is SHA-256 of the content.
+# Every op is its own kind, `crdt.<type>`, registered by the op registry (crdt/ops/: a file per
+# op type, its fields and their bounds). An op is its content (an unsigned envelope: v, kind, run,
+# author, body) plus a seal: one signature over the Merkle root of a batch of up to MAX_SEAL_OPS
+# ops, and the op's path to it (crdt/seal.py). The largest op on the wire is evidence, which
+# carries two of the largest other ops; crdt/ops/ checks that it fits MAX_SEALED_OP.
 MAX_PARENTS = 64
 MAX_SEAL_OPS = 256
-SEAL_OVERHEAD = 1 * KiB  # signature, index, count and 8 sibling hashes, with msgpack framing: < 400 bytes
-MAX_OP_SIZE = 32 * KiB  # the largest op content that is not evidence; evidence carries two sealed ops
+MAX_SEALED_OP = 128 * KiB
 _parents = List(_hash, max_len=MAX_PARENTS)
-_round = Int(0, 2**40)
-
-
-def _op_kind(name: str, fields: dict, max_size: int, optional: frozenset[str] = frozenset()) -> MessageKind:
-    body = Struct({"parents": _parents, "seq": Int(1, 2**40), **fields}, optional=optional)
-    return register(MessageKind(f"crdt.{name}", body, max_size))
-
-
-CRDT_JOIN = _op_kind("join", {"round": _round}, 4 * KiB)
-CRDT_LEAVE = _op_kind("leave", {"round": _round}, 4 * KiB)
-# A vote for the new state's hash in one attempt of a round; `proposer` names whose proposal the
-# voter aggregated (the certificate's voters thereby say which contributions the round accepted:
-# crdt/electorate.py). One vote per (round, attempt): a member whose vote died with a split
-# attempt votes again in the next one. No `attempt`: attempt 0.
-CRDT_VOTE = _op_kind(
-    "vote", {"round": Int(1, 2**40), "hash": _hash, "proposer": _public_key, "attempt": Int(0, 63)}, 4 * KiB,
-    optional=frozenset({"proposer", "attempt"}),
-)
-# A member's word that attempt `attempt` of round `round` passed the run's round deadline on its
-# clock without a certificate (crdt/electorate.py: attempts). Attempts are few: MAX_ATTEMPTS.
-CRDT_TIMEOUT = _op_kind("timeout", {"round": Int(1, 2**40), "attempt": Int(0, 63)}, 4 * KiB)
-# An author's commitment to its encoded pseudo-gradient for a round: the payload's checkpoint ID (SHA-256
-# of its manifest, training/checkpoint_manifest.py), which names every chunk's hash, and its length.
-MAX_PAYLOAD_SIZE = 2**31
-CRDT_COMMIT = _op_kind("commit", {"round": Int(1, 2**40), "hash": _hash, "size": Int(1, MAX_PAYLOAD_SIZE)}, 4 * KiB)
-# The round's proposer names the commitments everyone aggregates (node/rounds/machine.py).
-MAX_PROPOSAL = 512
-CRDT_PROPOSE = _op_kind(
-    "propose", {"round": Int(1, 2**40), "authors": List(_public_key, max_len=MAX_PROPOSAL, min_len=1)}, MAX_OP_SIZE
-)
-# A scoring committee member's measurement of round `round`'s accepted contributions
-# (crdt/scores.py): `authors` sorted and distinct, `scores[i]` the score of `authors[i]` in
-# SCORE_UNIT units (fixed point: one encoding per value, and bounded), at most a round's set.
-SCORE_UNIT = 1_000_000  # one unit = 1e-6 of a loss (nats)
-MAX_SCORE = 1_000_000_000  # |score| <= 1000: a loss change beyond that is clipped by the measurer
-CRDT_SCORE = _op_kind(
-    "score",
-    {
-        "round": Int(1, 2**40),
-        "authors": List(_public_key, max_len=MAX_PROPOSAL, min_len=1),
-        "scores": List(Int(-MAX_SCORE, MAX_SCORE), max_len=MAX_PROPOSAL, min_len=1),
-    },
-    MAX_OP_SIZE,
-)
-# Sharded exchange (node/exchange/sharded_machine.py): a shard committee member's signed hash of
-# its (bit-exact) aggregate of shard `shard` of round `round` over the contributor set `set`; and
-# a member's word that its own exact recomputation of that shard differs from `hash`, which
-# `member` signed as its result (crdt/view.py: disputes from more than a third of the round's
-# electorate ban the signer). `set` names the contributor set (node/exchange/sharded.py:
-# `set_id`): one round may aggregate several (a new attempt, a proposal given up for another), and
-# an honest member signs one result per set, so a result is one statement only within its set.
-MAX_SHARDS = 4096
-_shard = Int(0, MAX_SHARDS - 1)
-CRDT_SHARD_RESULT = _op_kind(
-    "shard_result", {"round": Int(1, 2**40), "set": _hash, "shard": _shard, "hash": _hash}, 4 * KiB
-)
-CRDT_DISPUTE = _op_kind(
-    "dispute", {"round": Int(1, 2**40), "set": _hash, "shard": _shard, "member": _public_key, "hash": _hash}, 4 * KiB
-)
-_checkpoint = {"id": _hash, "round": _round, "size": Int(0, 2**50)}
-CRDT_CHECKPOINT = _op_kind("checkpoint", _checkpoint, 4 * KiB)
-CRDT_ATTEST = _op_kind("attest", _checkpoint, 4 * KiB)
-CRDT_HPARAMS = _op_kind("hparams", {"round": _round, "changes": Map(Scalar(), max_len=64)}, MAX_OP_SIZE)
-CRDT_SNAPSHOT = _op_kind(
-    "snapshot", {"state": _hash, "frontier": List(_hash, max_len=MAX_PARENTS, min_len=1), "ops": Int(1, 2**40)}, 8 * KiB
-)
-CRDT_EVIDENCE = _op_kind(
-    "evidence",
-    {
-        "reason": OneOf(frozenset({"fork", "double-vote", "double-commit", "double-propose", "double-score",
-                                   "double-result"})),
-        "a": Bytes(1, MAX_OP_SIZE + SEAL_OVERHEAD),
-        "b": Bytes(1, MAX_OP_SIZE + SEAL_OVERHEAD),
-    },
-    2 * (MAX_OP_SIZE + SEAL_OVERHEAD) + 4 * KiB,
-)
-_op_kinds = (CRDT_JOIN, CRDT_LEAVE, CRDT_VOTE, CRDT_TIMEOUT, CRDT_COMMIT, CRDT_PROPOSE, CRDT_CHECKPOINT, CRDT_ATTEST,
-             CRDT_HPARAMS, CRDT_SNAPSHOT, CRDT_EVIDENCE, CRDT_SCORE, CRDT_SHARD_RESULT, CRDT_DISPUTE)
-CRDT_OP_KINDS = frozenset(kind.name for kind in _op_kinds)
-MAX_SEALED_OP = CRDT_EVIDENCE.max_size + SEAL_OVERHEAD  # the largest op on the wire
 
 # Anti-entropy: exchange heads, ask for what is missing, answer with ops in bounded batches.
 MAX_WANT = 256

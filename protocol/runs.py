@@ -38,24 +38,29 @@ def sign_manifest(
     task_config: dict[str, Any] | None = None,
     seed: int = 0,
     hparams: dict[str, Any] | None = None,
-    allowlist: list[bytes] | None = None,
+    admission: str = "open",
+    admitted: list[bytes] | None = None,
+    earn_rounds: int = 3,
+    absent_rounds: int = 3,
     hparam_writers: list[bytes] | None = None,
     public: bool = False,
-    influence: str = "earned",
 ) -> bytes:
-    """A signed genesis manifest. With an allowlist the run is closed to other keys; without
-    one it is open. Hyperparameter writers default to the creator alone. `influence` says when a
-    member weighs in quorums: once a round accepted its contribution ("earned") or from its join
-    ("joined"). `created` is a Unix time in seconds, passed in (this package reads no clock)."""
+    """A signed genesis manifest. `admission` says who may join (anyone; keys the creator
+    admitted; keys more than two thirds of the electorate admitted); the `admitted` keys have a
+    say from their join on, in any run. In an open run a fresh key earns a say after `earn_rounds`
+    counted rounds; a member absent `absent_rounds` certified rounds leaves the electorate
+    (crdt/membership.py). Hyperparameter writers default to the creator alone. `created` is a
+    Unix time in seconds, passed in (this package reads no clock)."""
     body = {
         "name": name,
         "task": task,
         "task_config": dict(task_config or {}),
         "seed": seed,
         "hparams": dict(hparams or {}),
-        "admission": "allowlist" if allowlist is not None else "open",
-        "influence": influence,
-        "allowlist": sorted(allowlist or []),
+        "admission": admission,
+        "admitted": sorted(set(admitted or [])),
+        "earn_rounds": earn_rounds,
+        "absent_rounds": absent_rounds,
         "hparam_writers": sorted(hparam_writers if hparam_writers is not None else [creator.public_key]),
         "public": public,
         "created": created,

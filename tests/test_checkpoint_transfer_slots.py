@@ -23,7 +23,7 @@ from locomesh.node.streams import read_frame, write_frame
 from locomesh.protocol import encode, peer_id_from_public_key
 from locomesh.protocol.kinds import CKPT_GET_CHUNK, CKPT_REPLY
 
-from .test_crdt_support import H1, joined_replica, keys
+from .test_crdt_support import certify, joined_replica, keys
 
 LOOPBACK = [Multiaddr("/ip4/127.0.0.1/tcp/0")]
 MiB = 1024 * 1024
@@ -57,20 +57,26 @@ def test_strangers_share_part_of_the_slots_and_members_may_use_them_all():
 
 def test_slots_are_kept_for_members_with_standing_not_for_any_key_that_joined():
     """A join is free in an open run, so a Sybil that joined is still a stranger to the slots; the
-    creator (trusted at genesis) and a member a certified round accepted are not."""
+    creator (a say from genesis), a key admitted at genesis once a certified round admitted its
+    join, and a fresh key once its counted work earned it a say (crdt/membership.py) are not."""
     members, sybil = keys(3), keys(1, offset=50)[0]
-    replica = joined_replica(members)
-    for member in members:
-        replica.create(member, "commit", round=1, hash=bytes([member.public_key[0]]) * 32, size=10)
-    replica.create(members[0], "propose", round=1, authors=sorted(m.public_key for m in members[:2]))
-    for member in members:
-        replica.create(member, "vote", round=1, hash=H1, proposer=members[0].public_key)
-    replica.create(sybil, "join", round=2)
-    assert replica.state.round == 1
+    creator, admitted, fresh = members
+    replica = joined_replica(members, admitted=[admitted.public_key], earn_rounds=1)
     crdt = CrdtService()
     crdt.replicas[replica.run_id] = replica
-    standing = [crdt.has_standing(peer_id_from_public_key(m.public_key)) for m in (*members, sybil)]
-    assert standing == [True, True, False, False]  # members[2]'s payload was left out of round 1
+
+    def standing() -> list[bool]:
+        return [crdt.has_standing(peer_id_from_public_key(m.public_key)) for m in (*members, sybil)]
+
+    assert standing() == [True, False, False, False]  # no round certified: only the creator has a say
+    certify(replica, members)  # round 1 admits the joins: the admitted key has a say, the fresh one must earn it
+    replica.create(sybil, "join", round=2)
+    assert standing() == [True, True, False, False]
+    assert fresh.public_key in replica.contributors(2), "the fresh key is drawn to commit in round 2"
+    certify(replica, members)  # its payload counts in round 2: its one round of work earns it a say
+    assert replica.state.round == 2 and fresh.public_key in replica.chain.tip.electorate
+    assert standing() == [True, True, True, False], "the Sybil joined and did no work: still a stranger"
+    assert sybil.public_key in replica.state.members
     assert not crdt.has_standing("not a peer id")
 
 

@@ -40,19 +40,62 @@ def record(round_number: int) -> RoundRecord:
 def training_status() -> dict:
     members = [{"peer_id": peer, "key": key.hex(), "you": index == 0, "connected": index == 1}
                for index, (peer, key) in enumerate(zip(PEERS, KEYS))]
-    return {"run_id": "r" * 52, "phase": "voted", "training": True, "round": 4, "certified": 3, "members": 3,
-            "peers": 1, "waiting": {"for": "votes of more than two thirds of 3", "on": PEERS[1:]},
+    return {"run_id": "r" * 52, "phase": "committed", "training": True, "round": 4, "certified": 3, "members": 3,
+            "peers": 1, "waiting": {"for": "precommits of more than two thirds of 3", "on": PEERS[1:]},
+            "say": {"has": True, "why": "in the electorate"}, "earning": {},
             "member_peers": members, "contributions": {KEYS[1].hex(): 2}, "history": [record(3).to_json()]}
 
 
 def test_run_status_names_what_the_round_waits_for_and_the_members_by_peer_id():
     text = format_status(training_status())
-    assert (f"  now: round 5: waiting for the certificate; waiting for votes of more than two thirds of 3 from "
-            f"{PEERS[1]}, {PEERS[2]}") in text
+    assert (f"  now: round 5: payload sent: agreeing on the round's set; waiting for precommits of more than two "
+            f"thirds of 3 from {PEERS[1]}, {PEERS[2]}") in text
+    assert "  say: yes, this node votes on the rounds (in the electorate)" in text
     assert f"    {PEERS[0]}  this node, 0 aggregated" in text
     assert f"    {PEERS[1]}  connected, 2 aggregated" in text and f"    {PEERS[2]}  not connected" in text
     assert KEYS[1].hex() not in text, "members by peer ID, not by key"
     assert "train 1.5 s, exchange 0.5 s (fetch 0.2 s, outer step 0.1 s), round 3.0 s" in text, "every time named"
+
+
+def agreement(**fields) -> dict:
+    """`waiting` while the round's agreement runs here (node/rounds/status.py `round_clock`)."""
+    return {"for": "prevotes of more than two thirds of 3", "on": PEERS[2:], "unreachable": PEERS[2:], "attempt": 1,
+            "epoch": 0, "step": "prevote", "waited_s": 40.2, "deadline_s": 180.0, "usual_s": 12.0, "stuck": None,
+            "next": "precommit once two thirds prevote one value; a recover is due in 140 s", **fields}
+
+
+def test_run_status_says_where_the_agreement_stands_and_what_comes_next():
+    text = format_status({**training_status(), "waiting": agreement()})
+    assert (f"  now: round 5: payload sent: agreeing on the round's set; waiting for prevotes of more than two thirds "
+            f"of 3 from {PEERS[2]} (not connected) (attempt 1, prevote step: 40 s of the 180 s before a recover, a "
+            "round usually takes 12 s); next: precommit once two thirds prevote one value; a recover is due in "
+            "140 s") in text.splitlines()
+    assert "FAIL" not in text and "fix:" not in text, "a round that may still advance is not stuck"
+    recovering = format_status({**training_status(), "waiting": agreement(epoch=2, usual_s=None)})
+    assert "(attempt 1, recovery epoch 2, prevote step: 40 s of the 180 s before a recover); next: " in recovering
+
+
+def test_run_status_says_why_a_stuck_round_is_stuck_and_the_fix():
+    stuck = {"cause": "round 5 has had no certificate for 200 s: 2 of the 3 members of its electorate sent nothing",
+             "fix": "start the silent members' nodes (locomesh node start), or wait for the others' recovers"}
+    lines = format_status({**training_status(), "waiting": agreement(waited_s=200.0, stuck=stuck)}).splitlines()
+    at = next(index for index, line in enumerate(lines) if line.startswith("  now: "))
+    assert lines[at + 1:at + 3] == [f"  FAIL  stuck: {stuck['cause']}", f"        fix: {stuck['fix']}"]
+
+
+def test_run_status_says_how_many_counted_rounds_a_fresh_key_still_needs_for_a_say():
+    fresh = {**training_status(), "say": {"has": False, "why": "earning a say: 2 more counted round(s), then a place "
+                                                                "in the rounds' draw of new voters"},
+             "earning": {PEERS[0]: 2, PEERS[2]: 1}}
+    text = format_status(fresh)
+    assert ("  say: none yet, earning one: 2 more counted rounds (rounds whose certified set counts our payload), "
+            "then a place in the rounds' draw of new voters") in text.splitlines()
+    assert f"    {PEERS[0]}  this node, 0 aggregated, earning a say (2 more counted rounds)" in text
+    assert f"    {PEERS[2]}  not connected, 0 aggregated, earning a say (1 more counted round)" in text
+    assert f"    {PEERS[1]}  connected, 2 aggregated\n" in text, "a member with a say earns none"
+    joining = {**fresh, "say": {"has": False, "why": "not on the run's roster: a join waits for a round to admit it"},
+               "earning": {}}
+    assert "  say: none (not on the run's roster: a join waits for a round to admit it)" in format_status(joining)
 
 
 def test_run_status_of_a_run_left_says_so_above_its_rounds():
@@ -140,6 +183,21 @@ def test_run_status_follow_prints_new_rounds_and_what_changed_until_ctrl_c(capsy
     assert lines[0].startswith("run rrrr") and sum(line.startswith("  now: ") for line in lines) == 2, lines
     assert lines[-2].startswith("  round    4: eval loss") and lines[-1] == (
         "  now: round 5: training (inner steps); waiting for our inner steps")
+
+
+def test_run_status_follow_says_once_when_the_round_gets_stuck(capsys):
+    def stuck(seconds: int) -> dict:
+        return agreement(waited_s=float(seconds), next="signed a recover",
+                         stuck={"cause": f"round 5 has had no certificate for {seconds} s", "fix": "start the nodes"})
+
+    going = {**training_status(), "waiting": agreement()}
+    daemon = ScriptedDaemon([going, {**going, "waiting": stuck(200)}, {**going, "waiting": stuck(201)}, KeyboardInterrupt()])
+    assert watch_cmd.follow_status(daemon, "r", interval=0.01) == EXIT_OK
+    lines = capsys.readouterr().out.splitlines()
+    failing = [index for index, line in enumerate(lines) if "FAIL" in line]
+    assert len(failing) == 1, "said once, not at every poll"
+    assert lines[failing[0] - 1].startswith("  now: ") and lines[failing[0]:failing[0] + 2] == [
+        "  FAIL  stuck: round 5 has had no certificate for 200 s", "        fix: start the nodes"]
 
 
 def test_run_status_follow_ends_with_0_when_the_node_left_and_watch_with_1(capsys):
@@ -248,7 +306,12 @@ def test_run_create_says_how_to_join_the_run_on_stderr_leaving_stdout_to_the_id(
     out, err = capsys.readouterr()
     assert out == f"{run_id}\n"
     assert err == (f"run created; this node does not train in it until it joins: locomesh run join {run_id} "
-                   f"--data-dir '{tmp_path / 'my node'}' (others find it with: locomesh run browse)\n")
+                   f"--data-dir '{tmp_path / 'my node'}' (others find it with: locomesh run browse); joiners earn a say "
+                   "by counted work, one new voter every few rounds at first: admit your own team with --admit PEER_ID "
+                   "or `locomesh run admit`\n")
+    daemon_answering(monkeypatch, [{"run_id": run_id, "public": False}])
+    assert main(["run", "create", "--task", "synthetic-lm", "--admission", "creator", "--data-dir", str(tmp_path)]) == EXIT_OK
+    assert capsys.readouterr().err.endswith(f"locomesh run join {run_id} --data-dir {tmp_path}\n")
 
 
 def test_watch_until_a_round_done_before_this_nodes_record_says_so(monkeypatch, tmp_path, capsys):

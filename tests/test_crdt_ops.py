@@ -7,14 +7,15 @@ import hashlib
 
 import msgpack
 import pytest
-from locomesh.crdt import Genesis, Replica, decode_op, encode_op, op_id
-from locomesh.crdt.ops import parse_wire, seal_ops
+from locomesh.crdt import Genesis, InvalidValue, Replica, Value, decode_op, encode_op, op_id
+from locomesh.crdt.ops import MAX_OP_WIRE, parse_wire, seal_ops
 from locomesh.protocol import ProtocolError, encode, pack
 from locomesh.protocol.runs import format_run_id, parse_run_id, run_id, short_run_id, sign_manifest
 
-from .test_crdt_support import H1, content_of, genesis, joined_replica, keys, reordered, rewrap
+from .test_crdt_support import H1, certify, content_of, genesis, joined_replica, keys, reordered, rewrap
 
 ALICE, BOB, CAROL = keys(3)
+COMMIT = {"round": 1, "hash": H1, "size": 1}
 
 
 def test_run_id_is_the_hash_of_the_signed_manifest_and_has_a_short_form():
@@ -61,10 +62,10 @@ def test_genesis_rejects_anything_but_a_signed_manifest():
 
 def test_op_id_is_the_hash_of_thecontent_of():
     run = genesis(ALICE).run_id
-    data = encode_op(ALICE, run, "crdt.vote", [], 1, round=1, hash=H1)
+    data = encode_op(ALICE, run, "crdt.commit", [], 1, **COMMIT)
     op = decode_op(data, run)
     assert op.id == op_id(data) == hashlib.sha256(parse_wire(data).content).digest()
-    assert (op.type, op.seq, op.author, op.parents, op.data) == ("vote", 1, ALICE.public_key, (), data)
+    assert (op.type, op.seq, op.author, op.parents, op.data) == ("commit", 1, ALICE.public_key, (), data)
 
 
 def _forge(data: bytes, **changes) -> bytes:
@@ -109,21 +110,21 @@ def _long_count(data: bytes) -> bytes:
         (lambda d, run: rewrap(d, content=parse_wire(d).content.replace(b"\xa3seq\x01", b"\xa3seq\xcd\x00\x01")),
          "non-canonical"),  # seq 1 in a 3-byte form
         (lambda d, run: _long_count(d), "non-canonical"),
-        (lambda d, run: encode_op(ALICE, b"\x01" * 32, "crdt.vote", [], 1, round=1, hash=H1), "wrong-run"),
-        (lambda d, run: _sealed(run, "crdt.vote", {"parents": [], "seq": 1, "round": 1, "hash": H1},
-                                run_in_content=b"\x01" * 32), "wrong-run"),
+        (lambda d, run: encode_op(ALICE, b"\x01" * 32, "crdt.commit", [], 1, **COMMIT), "wrong-run"),
+        (lambda d, run: _sealed(run, "crdt.commit", {"parents": [], "seq": 1, **COMMIT}, run_in_content=b"\x01" * 32),
+         "wrong-run"),
         (lambda d, run: _sealed(run, "node.ping", {"nonce": b"12345678"}), "unexpected-kind"),
-        (lambda d, run: _sealed(run, "crdt.vote", {"parents": [H1, b"\x00" * 32], "seq": 1, "round": 1, "hash": H1}),
+        (lambda d, run: _sealed(run, "crdt.commit", {"parents": [H1, b"\x00" * 32], "seq": 1, **COMMIT}),
          "bad-op"),  # parents not sorted: one op would have two IDs
-        (lambda d, run: _sealed(run, "crdt.vote", {"parents": [H1] * 2, "seq": 1, "round": 1, "hash": H1}), "bad-op"),
-        (lambda d, run: _forge(d, body__round=0), "bad-field"),  # round 0 is the genesis: nobody votes for it
+        (lambda d, run: _sealed(run, "crdt.commit", {"parents": [H1] * 2, "seq": 1, **COMMIT}), "bad-op"),
+        (lambda d, run: _forge(d, body__round=0), "bad-field"),  # round 0 is the genesis: nobody commits to it
         (lambda d, run: _forge(d, v=2), "bad-version"),
         (lambda d, run: _forge(d, body__parents=[bytes([i]) * 32 for i in range(200)]), "too-large"),
     ],
 )
 def test_bad_ops_are_rejected_with_a_typed_error(mutate, code):
     run = genesis(ALICE).run_id
-    good = encode_op(ALICE, run, "crdt.vote", [], 1, round=1, hash=H1)
+    good = encode_op(ALICE, run, "crdt.commit", [], 1, **COMMIT)
     bad = mutate(good, run)
     with pytest.raises(ProtocolError) as caught:
         decode_op(bad, run)
@@ -133,26 +134,37 @@ def test_bad_ops_are_rejected_with_a_typed_error(mutate, code):
 def test_too_many_parents_and_oversized_blobs_are_rejected():
     run = genesis(ALICE).run_id
     parents = sorted(hashlib.sha256(bytes([i])).digest() for i in range(65))
-    body = {"parents": parents, "seq": 1, "round": 1, "hash": H1}
+    body = {"parents": parents, "seq": 1, **COMMIT}
     with pytest.raises(ProtocolError, match="bad-field"):
-        encode(ALICE, "crdt.vote", body, run=run)  # our own encoder refuses too
+        encode(ALICE, "crdt.commit", body, run=run)  # our own encoder refuses too
     with pytest.raises(ProtocolError, match="too-large"):
-        decode_op(b"\x00" * 100_000, run)
+        decode_op(b"\x00" * (MAX_OP_WIRE + 1), run)
 
 
-def test_admission_and_hparam_writers_are_enforced_per_op():
-    closed = genesis(ALICE, allowlist=[BOB.public_key])
+def test_admission_and_hparam_writers_are_enforced():
+    """In a run that admits only the keys its creator admitted, a join of another key is a valid op
+    (it proves nothing wrong) that no value may admit, until the creator admits the key; a
+    hyperparameter change by a key the genesis does not name is refused as an op."""
+    closed = genesis(ALICE, admission="creator", admitted=[BOB.public_key])
     replica = Replica(closed)
     replica.create(ALICE, "join", round=1)  # the creator is always admitted
     replica.create(BOB, "join", round=1)
     intruder = encode_op(CAROL, closed.run_id, "crdt.join", [], 1, round=1)
-    with pytest.raises(ProtocolError, match="not-admitted"):
-        replica.add(intruder)
+    replica.add(intruder)
+    replica.create(ALICE, "commit", round=1, hash=H1, size=1)
+    forced = Value(1, tuple(replica.commit_ops(1).values()), (op_id(intruder),))
+    with pytest.raises(InvalidValue, match="cannot be admitted"):
+        replica.chain.read(forced)
     with pytest.raises(ProtocolError, match="not-writer"):
         replica.create(BOB, "hparams", round=2, changes={"outer_lr": 9.0})
     replica.create(ALICE, "hparams", round=2, changes={"outer_lr": 0.5})
     assert replica.state.hparam_schedule == ((2, {"outer_lr": 0.5}),)
+    assert op_id(intruder) not in certify(replica, [ALICE, BOB]).members
     assert sorted(replica.state.members) == sorted([ALICE.public_key, BOB.public_key])
+    assert sorted(replica.state.electorate) == sorted([ALICE.public_key, BOB.public_key])
+    replica.create(ALICE, "admit", key=CAROL.public_key)
+    assert op_id(intruder) in certify(replica, [ALICE, BOB]).members
+    assert CAROL.public_key in replica.state.electorate
 
 
 def test_seq_must_extend_the_authors_own_chain():
@@ -161,8 +173,8 @@ def test_seq_must_extend_the_authors_own_chain():
     alice_join = min(replica.op_ids(), key=lambda i: replica.facts.ops[i][2])
     parents = replica.heads + [alice_join]  # an honest author lists its own newest op
     for wrong_seq in (1, 3):  # the join at seq 1 is among the parents, so 2 is the only right value
-        bad = encode_op(ALICE, run, "crdt.vote", parents, wrong_seq, round=1, hash=H1)
+        bad = encode_op(ALICE, run, "crdt.commit", parents, wrong_seq, **COMMIT)
         with pytest.raises(ProtocolError, match="bad-seq"):
             replica.add(bad)
-    good = encode_op(ALICE, run, "crdt.vote", parents, 2, round=1, hash=H1)
+    good = encode_op(ALICE, run, "crdt.commit", parents, 2, **COMMIT)
     assert replica.add(good).applied == [op_id(good)]

@@ -18,7 +18,8 @@ from locomesh.protocol.kinds import MAX_SEAL_OPS
 from .test_crdt_support import H1, content_of, in_causal_order, joined_replica, keys, rewrap
 
 A, B = keys(2)
-TWO_OPS = [("vote", {"round": 1, "hash": H1}), ("attest", {"round": 1, "id": H1, "size": 1})]
+COMMIT = {"round": 1, "hash": H1, "size": 1}
+TWO_OPS = [("commit", COMMIT), ("attest", {"round": 1, "id": H1, "size": 1})]
 
 
 def _leaves(n: int) -> list[bytes]:
@@ -97,9 +98,9 @@ def test_a_verified_root_does_not_vouch_for_another_signature():
 
 def test_the_same_content_under_two_seals_is_one_op():
     replica = joined_replica([A])
-    content = op_content(A.public_key, replica.run_id, "crdt.vote", replica.heads, 2, round=1, hash=H1)
+    content = op_content(A.public_key, replica.run_id, "crdt.commit", replica.heads, 2, **COMMIT)
     alone = seal_ops(A, replica.run_id, [content])[0]
-    other = op_content(A.public_key, replica.run_id, "crdt.vote", replica.heads, 2, round=2, hash=H1)
+    other = op_content(A.public_key, replica.run_id, "crdt.commit", replica.heads, 2, round=2, hash=H1, size=1)
     paired = seal_ops(A, replica.run_id, [other, content])[1]
     assert alone != paired and op_id(alone) == op_id(paired)
     replica.add(alone)
@@ -108,13 +109,14 @@ def test_the_same_content_under_two_seals_is_one_op():
 
 def test_batches_are_bounded_and_hold_one_authors_ops():
     replica = joined_replica([A, B])
-    with pytest.raises(ValueError):
-        replica.create_batch(A, [("vote", {"round": 1, "hash": H1})] * (MAX_SEAL_OPS + 1))
+    with pytest.raises(ValueError, match="a seal covers"):  # not a ProtocolError: every op is valid
+        replica.create_batch(A, [("prevote", {"round": 1, "epoch": 0, "attempt": attempt, "value": H1})
+                                 for attempt in range(MAX_SEAL_OPS + 1)])
     before = replica.op_ids()
     with pytest.raises(ProtocolError, match="not-writer"):  # B may not change hyperparameters: nothing is written
-        replica.create_batch(B, [("vote", {"round": 1, "hash": H1}), ("hparams", {"round": 2, "changes": {"x": 1}})])
+        replica.create_batch(B, [("commit", COMMIT), ("hparams", {"round": 2, "changes": {"x": 1}})])
     assert replica.op_ids() == before
-    content = op_content(B.public_key, replica.run_id, "crdt.vote", replica.heads, 2, round=1, hash=H1)
+    content = op_content(B.public_key, replica.run_id, "crdt.commit", replica.heads, 2, **COMMIT)
     with pytest.raises(ProtocolError, match="bad-signature"):
         replica.add(seal_ops(A, replica.run_id, [content])[0])  # B's op sealed by A
 

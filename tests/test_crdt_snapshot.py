@@ -7,7 +7,7 @@ import pytest
 from locomesh.crdt import Facts, Replica, load_snapshot, op_id, snapshot_fields
 from locomesh.protocol import ProtocolError, pack, unpack
 
-from .test_crdt_support import CKPT, H1, in_causal_order, joined_replica, keys
+from .test_crdt_support import CKPT, H2, certify, in_causal_order, joined_replica, keys
 
 MEMBERS = keys(4)
 
@@ -15,14 +15,12 @@ MEMBERS = keys(4)
 def _history() -> tuple[Replica, bytes, list[bytes]]:
     """A run with a round, a checkpoint and 3 of 4 members signing one snapshot; more ops after."""
     replica = joined_replica(MEMBERS)
-    for member in MEMBERS:
-        replica.create(member, "vote", round=1, hash=H1)
+    certify(replica, MEMBERS)
     replica.create(MEMBERS[0], "checkpoint", round=1, id=CKPT, size=10)
     fields, facts_bytes = snapshot_fields(replica)
     certificate = [replica.create(member, "snapshot", **fields) for member in MEMBERS[:3]]
     assert replica.state.snapshot.ops == fields["ops"]
-    for member in MEMBERS:
-        replica.create(member, "vote", round=2, hash=H1)
+    certify(replica, MEMBERS, H2)
     replica.create(MEMBERS[1], "leave", round=2)
     return replica, facts_bytes, certificate
 

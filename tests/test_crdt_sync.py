@@ -25,11 +25,10 @@ def run_sync(puller: SyncPuller, server: SyncServer) -> list[str]:
 
 
 def _grown(replica: Replica, author, n: int) -> Replica:
-    """`n` small ops by `author`: a vote for one attempt after another, 64 attempts a round (the
-    cap), so rounds past the first only for the run's creator, whose own votes back its next
-    rounds (crdt/limits.py)."""
-    for i in range(n):
-        replica.create(author, "vote", round=1 + i // 64, hash=bytes([i % 256]) * 32, attempt=i % 64)
+    """`n` small ops by `author`: a nil prevote for one attempt of round 1 after another (one per
+    attempt is what an honest member writes)."""
+    for attempt in range(n):
+        replica.create(author, "prevote", round=1, epoch=0, attempt=attempt, value=b"")
     return replica
 
 
@@ -73,7 +72,7 @@ def test_both_sides_learn_the_others_ops():
 
 def test_invalid_ops_in_a_batch_are_skipped_and_counted():
     source = joined_replica(MEMBERS)
-    forged = encode_op(A, source.run_id, "crdt.vote", source.heads, 9, round=1, hash=H1)  # bad seq
+    forged = encode_op(A, source.run_id, "crdt.commit", source.heads, 9, round=1, hash=H1, size=1)  # bad seq
     fresh = Replica(source.genesis)
     puller = SyncPuller(fresh, C)
     puller.start()
@@ -104,7 +103,7 @@ def test_unexpected_or_foreign_messages_fail_the_sync():
 
 def test_a_peer_that_cannot_deliver_ends_the_sync_without_looping():
     source = joined_replica(MEMBERS)
-    invented = encode_op(A, source.run_id, "crdt.vote", [b"\x42" * 32], 1, round=1, hash=H1)
+    invented = encode_op(A, source.run_id, "crdt.commit", [b"\x42" * 32], 1, round=1, hash=H1, size=1)
     fresh = Replica(source.genesis)
     assert fresh.add(invented).waiting  # its parent exists nowhere
     puller = SyncPuller(fresh, C)

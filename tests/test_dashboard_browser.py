@@ -167,7 +167,7 @@ def test_two_daemons_fill_the_run_and_peers_pages(browser, tmp_path):
     daemons = start_swarm(tmp_path, 2)
     try:
         wait_connected(daemons)
-        run_id = create_run(daemons[0], {"inner_steps": 4, "round_deadline_s": 60, "min_peers": 2})
+        run_id = create_run(daemons[0], {"inner_steps": 4, "round_deadline_s": 60, "min_peers": 2}, admitted=daemons)
         join_all(daemons, run_id)
         base = f"http://127.0.0.1:{daemons[0].rpc().port}"
         browser.get(login_url(daemons[0].data_dir, tmp_path))
@@ -179,6 +179,9 @@ def test_two_daemons_fill_the_run_and_peers_pages(browser, tmp_path):
         members = wait_for(browser, lambda d: len(rows(d, "members-table")) == 2 and rows(d, "members-table"),
                            "both members")
         assert any("this node" in row for row in members)
+        assert all("votes" in row for row in members), "both were admitted: each has a say"
+        facts = browser.find_element("id", "run-facts").text
+        assert "yes: votes on the rounds" in facts and "Stuck\nno" in facts, facts
         assert rows(browser, "contributions-table") and rows(browser, "rounds-table")
         timeline = browser.find_elements("css selector", "#timeline-chart rect")
         assert timeline, "the round timeline has bars"

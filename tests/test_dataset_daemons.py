@@ -76,7 +76,8 @@ def test_two_daemons_share_a_dataset_and_each_trains_only_its_assigned_shards(sw
     stores = [root / name / CHECKPOINT_DIR for name in ("node0", "node1")]
     keys = [load_or_create_identity(root / name / IDENTITY_FILE).public_key for name in ("node0", "node1")]
     settings = {**MODEL, **HPARAMS, "dataset": packed.id.hex()}
-    params = {"task": "llama", "settings": settings, "public": True, "name": "llama", "seed": SEED}
+    admitted = [joiner.rpc().call("node.status")["peer_id"]]  # a say from its join: round 1 trains with it
+    params = {"task": "llama", "settings": settings, "public": True, "name": "llama", "seed": SEED, "admitted": admitted}
     run_id = packer.rpc(timeout=60).call("run.create", params)["run_id"]
     join(packer, run_id)
 

@@ -56,9 +56,16 @@ CORE = frozenset({
     "rpc",  # the local RPC plumbing every service registers with (docs/architecture.md: the core's)
 })
 FEATURES = frozenset({
-    "exchange", "rounds", "transfer", "nat", "replication", "runs", "dashboard",
+    "agreement", "exchange", "rounds", "transfer", "nat", "replication", "runs", "dashboard",
     "datasets", "doctor", "schedule",
 })
+# Rooms with a tighter rule than the floors': what each may import of the repository (itself aside).
+ROOMS: dict[str, frozenset[str]] = {
+    # the agreement is sans-IO: the run's CRDT and the wire formats, nothing of the node (#45, item 8)
+    "locomesh.node.agreement": frozenset({"locomesh.crdt", "locomesh.protocol"}),
+}
+# (room, room it must not import): rounds/ drives the exchange, never the other way.
+NOT_BACK: frozenset[tuple[str, str]] = frozenset({("locomesh.node.exchange", "locomesh.node.rounds")})
 PROCESS = frozenset({"daemon", "assembly", "config", "datadir", "logs", "files"})
 
 # (importing module, imported module) pairs the code has today that break a floor: to be moved
@@ -165,6 +172,22 @@ def _violations() -> dict[tuple[str, str], str]:
                 found[(module, name)] = "test and benchmark plumbing stays out of the packages"
             elif parts[0] in THIRD_PARTY_BANS.get(package, ()):
                 found[(module, name)] = f"{package} must not import {parts[0]} (docs/architecture.md, Layers and imports)"
+            found.update(_room_violations(module, name))
+    return found
+
+
+def _room_violations(module: str, name: str) -> dict[tuple[str, str], str]:
+    found = {}
+    for room, allowed in ROOMS.items():
+        inside = module == room or module.startswith(room + ".")
+        if inside and name.startswith("locomesh.") and not name.startswith(room) and not any(
+                name == other or name.startswith(other + ".") for other in allowed):
+            found[(module, name)] = f"{room} may import only {sorted(allowed)} of the repository"
+        elif inside and name.split(".")[0] in IO_MODULES:
+            found[(module, name)] = f"{room} is sans-IO: it must not import {name.split('.')[0]}"
+    for room, other in NOT_BACK:
+        if (module == room or module.startswith(room + ".")) and (name == other or name.startswith(other + ".")):
+            found[(module, name)] = f"{room} must not import {other} (it drives {room}, not the other way)"
     return found
 
 
@@ -178,6 +201,9 @@ def test_the_scan_sees_the_code() -> None:
     )
     assert "locomesh.training.participant" in graph["locomesh.node.rounds.service"]  # import_module
     assert "trio" in graph["locomesh.node.runtime"]
+    assert "locomesh.node.agreement.tendermint" in graph["locomesh.node.agreement.seat"]
+    assert _room_violations("locomesh.node.agreement.seat", "locomesh.node.rounds.machine")
+    assert _room_violations("locomesh.node.exchange.seam", "locomesh.node.rounds.work")
 
 
 def test_every_name_at_nodes_top_level_is_on_a_floor() -> None:

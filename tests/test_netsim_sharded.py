@@ -27,38 +27,43 @@ def sixteen() -> dict:
 
 
 def test_sixteen_members_shard_in_auto_and_end_on_one_state(sixteen):
-    """`exchange = auto` shards at 16 members: every round after the first
-    (which its creator alone makes up the electorate of) is sharded, certified, and computed by
-    every member, which ends on one state."""
+    """`exchange = auto` shards at 16 members: every round after the first (which its creator
+    alone makes up the electorate of, the others replaying or syncing it) is sharded and computed
+    by a quorum at least (a member slower than the quorum replays it), and every member ends on
+    one state. Round 2 takes what its proposer holds at its cut (the members finished round 1 at
+    different times: more than a third of the electorate at least), round 3 more than two thirds."""
     rounds = _rounds(sixteen)
     assert len(sixteen["hashes"]) == 16 and len(set(sixteen["hashes"].values())) == 1
     assert all(r["nodes done"] == 16 for r in rounds)
     assert [r["exchange"] for r in rounds[1:]] == ["sharded", "sharded"]
-    assert all(r["splits (synced)"] == 0 and r["contributors"] > 8 for r in rounds[1:])
-    assert rounds[-1]["contributors"] == 16
+    assert all(r["splits (synced)"] <= 16 - 11 for r in rounds[1:]), rounds
+    assert rounds[1]["contributors"] > 16 / 3 and rounds[2]["contributors"] > 2 * 16 / 3, rounds
 
 
 def test_a_member_downloads_less_than_allgather_would(sixteen):
     """Allgather: 15 payloads a round (120 KiB here). Sharded at 16 with a fifth Byzantine planned
     for (committees of 4, 8 shards of 1 KiB): its seats' shards of every payload (about 4
     payloads), one drawn shard of each (2 payloads) and the float32 results of the shards it does
-    not compute (4 bytes a value: about 3 payloads), some 70 KiB."""
-    for r in _rounds(sixteen)[1:]:
-        assert r["down KiB p50"] * 1024 < 0.6 * 15 * PAYLOAD, r
+    not compute (4 bytes a value: about 3 payloads), some 70 KiB. A round whose first proposal
+    gives way to another fetches the shards the second set adds: still well under allgather."""
+    down = [r["down KiB p50"] * 1024 for r in _rounds(sixteen)[1:]]
+    assert min(down) < 0.6 * 15 * PAYLOAD and max(down) < 0.8 * 15 * PAYLOAD, down
 
 
 def test_a_committee_member_that_signs_wrong_results_is_banned_and_the_right_aggregate_certified():
     """A liar on a committee signs (and serves) a wrong result: its honest fellow members sign the
-    right one, everyone recomputes the disputed shard, disputes the lie and bans the liar on more
-    than a third of the electorate's disputes; the honest members certify the right state."""
-    report = train.run(nodes=8, seed=2, liars=1, exchange="auto", **SMALL)
+    right one, everyone recomputes the disputed shard and disputes the lie, and the next value
+    bans the liar on more than a third of the electorate's disputes; the honest members certify
+    the right state. (Here the liar lies in round 3, the first sharded round with its payload.)"""
+    report = train.run(nodes=8, seed=2, liars=1, exchange="auto", **{**SMALL, "rounds": 5})
     kinds = _kinds(report)
     honest = {name: h for name, h in report["hashes"].items() if kinds[name] == "honest"}
     assert len(honest) == 7 and len(set(honest.values())) == 1
     liar = next(name for name, kind in kinds.items() if kind == "liar")
-    assert report["hashes"][liar] not in honest.values()  # it took its own wrong step, then was banned
+    banned = {row[0] for row in report["tables"][1]["rows"] if row[-1]}
+    assert banned == {liar}
     contributions = {row[0]: row[2] for row in report["tables"][2]["rows"]}
-    assert contributions[liar] < 3  # banned: no certified set holds its payload after the ban
+    assert contributions[liar] <= 3  # no certified set holds its payload after the ban
     # every round certified; a member that synced late may sit one out (it commits after the cut)
     assert all(r["nodes done"] >= 6 for r in _rounds(report))
 

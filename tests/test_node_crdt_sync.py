@@ -9,6 +9,7 @@ import trio
 from multiaddr import Multiaddr
 
 from locomesh.cli.run_state import format_state
+from locomesh.node.agreement.proposing import own_value
 from locomesh.node.replication.service import CrdtService, topic_of
 from locomesh.node.rpc.dispatch import RpcError
 from locomesh.node.runtime import Node
@@ -42,14 +43,15 @@ def in_mesh(service: CrdtService, peer: Node, run_id: bytes) -> bool:
 
 def fill(service: CrdtService, run_id: bytes, identity, count: int) -> None:
     """`count` ops written straight into the replica (not gossiped): a backlog for anti-entropy. A
-    vote and three attestations a round, by the run's creator: its own votes back its next rounds
-    (crdt/limits.py)."""
+    precommit and three attestations a round, by the run's creator: trusted at genesis, its own
+    precommits back its next rounds (crdt/limits.py)."""
     replica = service.replicas[run_id]
     replica.create(identity, "join", round=1)
     for i in range(count - 1):
         round_ = 1 + i // 4
         if i % 4 == 0:
-            replica.create(identity, "vote", round=round_, hash=(i % 251).to_bytes(32, "big"))
+            replica.create(identity, "precommit", round=round_, epoch=0, attempt=0, value=(i % 251).to_bytes(32, "big"),
+                           state=H1)
         else:
             replica.create(identity, "attest", round=round_, id=(i % 251).to_bytes(32, "big"), size=i)
 
@@ -74,7 +76,8 @@ async def test_a_backlog_reaches_a_newcomer_by_anti_entropy(nursery, identity_fa
 
 async def test_applying_ops_does_not_derive_the_state_per_op(nursery, identity_factory, monkeypatch):
     """The service watches every op for a ban of its own key; deriving the run state for that
-    after each op made a 10k-op backlog quadratic. Bans by disputes are looked for when asked."""
+    after each op made a 10k-op backlog quadratic. A ban is read off the chain and the facts when
+    asked; the state is derived when asked, once until the next op."""
     from locomesh.crdt import replica as replica_module
 
     derived = []
@@ -85,7 +88,8 @@ async def test_applying_ops_does_not_derive_the_state_per_op(nursery, identity_f
     replica = await service.open_run(sign_manifest(key, task="synthetic", created=1))
     fill(service, replica.run_id, key, 300)
     assert len(replica) == 300 and derived == []
-    assert service.ban_reason(replica.run_id) is None and len(derived) == 1
+    assert service.ban_reason(replica.run_id) is None and derived == []
+    assert replica.state.ops == 300 and replica.state.ops == 300 and len(derived) == 1
 
 
 @pytest.mark.slow
@@ -95,7 +99,7 @@ async def test_ten_thousand_ops_reach_a_newcomer(nursery, identity_factory):
 
 async def test_new_ops_travel_both_ways_and_the_state_is_served_over_rpc(nursery, identity_factory):
     keys = [identity_factory(1), identity_factory(2)]
-    manifest = sign_manifest(keys[0], task="synthetic", created=1)
+    manifest = sign_manifest(keys[0], task="synthetic", created=1, admitted=[keys[1].public_key])
     # No periodic anti-entropy: what is written after the peers met can only come by gossip.
     first, first_crdt = await start_node(nursery, keys[0], sync_interval=3600)
     second, second_crdt = await start_node(nursery, keys[1], bootstrap=[Multiaddr(first.listen_addresses()[0])],
@@ -105,14 +109,22 @@ async def test_new_ops_travel_both_ways_and_the_state_is_served_over_rpc(nursery
     await wait_for(lambda: in_mesh(first_crdt, second, run_id) and in_mesh(second_crdt, first, run_id))
     first_crdt.write(run_id, "join", round=1)
     first_crdt.write(run_id, "commit", round=1, hash=bytes([0]) * 32, size=1000)
-    first_crdt.write(run_id, "vote", round=1, hash=H1)
-    second_crdt.write_batch(run_id, [  # three ops under one seal
+    second_crdt.write_batch(run_id, [  # two ops under one seal
         ("join", {"round": 1}),
         ("commit", {"round": 1, "hash": bytes([1]) * 32, "size": 1001}),
-        ("vote", {"round": 1, "hash": H1}),
+    ])
+    await wait_for(lambda: all(len(r) == 4 for r in replicas))
+    # Round 1's electorate is the creator alone: its proposal (both payloads, the admitted key's
+    # join) and its precommit certify the round, again under one seal.
+    value = own_value(replicas[0].chain, replicas[0].facts, {key.public_key for key in keys})
+    assert value is not None and len(value.set) == 2
+    first_crdt.write_batch(run_id, [
+        ("proposal", {"round": 1, "epoch": 0, "attempt": 0, "valid": 0, **value.fields()}),
+        ("precommit", {"round": 1, "epoch": 0, "attempt": 0, "value": value.id, "state": H1}),
     ])
     await wait_for(lambda: all(len(r) == 6 for r in replicas))
     assert replicas[0].state == replicas[1].state and replicas[0].state.round == 1
+    assert replicas[1].chain.certificates[1].accepted == {key.public_key for key in keys}
     expected = {key.public_key: (bytes([i]) * 32, 1000 + i) for i, key in enumerate(keys)}
     assert replicas[0].commits(1) == replicas[1].commits(1) == expected
 

@@ -1,6 +1,7 @@
-"""Which round a new member's join names (`RoundService._write_join`): never one its contributors
-already train, so peers joining a few seconds apart do not start a round late and hold it up; and
-the leave/join pair a paused node writes (`run pause` / `run resume`) in the run's CRDT."""
+"""The join a new member writes (`RoundService._write_join`): it names the next round, whose
+certified value admits it (crdt/membership.py); a key admitted at genesis may train that round
+already, unless its commits are out (it would commit after the cut); a join is written once. And
+a member that leaves: out of the electorate once a value names its leave, back by committing."""
 
 from __future__ import annotations
 
@@ -8,15 +9,14 @@ from types import SimpleNamespace
 
 from locomesh.node.rounds.machine import Timing
 from locomesh.node.rounds.service import RoundService
-from locomesh.protocol import peer_id_from_public_key
 
-from .test_crdt_support import joined_replica, keys
+from .test_crdt_support import certify, joined_replica, keys
 
 A, B, NEW = keys(3)
 
 
-def join_round(replica, *, connected, min_peers=1) -> tuple[int, list]:
-    """The round NEW's join names, and the ops it wrote, with `connected` the peers it reaches."""
+def join_round(replica, *, min_peers=1) -> tuple[int, list]:
+    """The first round NEW may train after its join, and the ops it wrote (it reaches no peer)."""
     written = []
 
     def write(run_id, op_type, **fields):
@@ -24,41 +24,59 @@ def join_round(replica, *, connected, min_peers=1) -> tuple[int, list]:
         return replica.create(NEW, op_type, **fields)
 
     service = RoundService(None, SimpleNamespace(ban_reason=lambda run_id: None, write=write), None)
-    peers = {peer_id_from_public_key(key.public_key) for key in connected}
-    service._node = SimpleNamespace(identity=SimpleNamespace(public_key=NEW.public_key), peers=peers)
+    service._node = SimpleNamespace(identity=SimpleNamespace(public_key=NEW.public_key), peers=set())
     return service._write_join(replica, Timing(min_peers=min_peers)), written
 
 
-def test_a_joiner_skips_a_round_its_reachable_contributors_already_train():
-    first, written = join_round(joined_replica([A]), connected=[A])  # the creator trains round 1 alone
-    assert first == 2 and written == [("join", {"round": 2})]
+def test_an_admitted_joiner_names_the_next_round_and_may_train_it_with_its_join():
+    replica = joined_replica([A], admitted=[NEW.public_key])  # the creator trains round 1 alone
+    assert NEW.public_key not in replica.contributors(1)
+    first, written = join_round(replica)
+    assert first == 1 and written == [("join", {"round": 1})]
+    assert NEW.public_key in replica.contributors(1), "round 1's value may admit it with its payload"
+    certify(replica, [A, NEW])
+    assert replica.chain.certificates[1].accepted == {A.public_key, NEW.public_key}
+    assert NEW.public_key in replica.electorate(2)
 
 
-def test_a_joiner_takes_the_next_round_while_the_run_waits_for_min_peers():
-    first, _ = join_round(joined_replica([A, B]), connected=[A, B], min_peers=3)
-    assert first == 1  # two of three: round 1 has not started, NEW completes it
-
-
-def test_contributors_out_of_reach_do_not_count_so_an_abandoned_run_stays_joinable():
-    first, _ = join_round(joined_replica([A, B]), connected=[])
-    assert first == 1
+def test_a_fresh_key_joins_the_same_way_and_trains_once_a_round_draws_it():
+    replica = joined_replica([A])  # an open run: NEW is admitted by nobody
+    first, written = join_round(replica)
+    assert written == [("join", {"round": 1})] and first == 1
+    assert NEW.public_key not in replica.contributors(1), "a fresh key's payload is not taken with its join"
+    certify(replica, [A])
+    assert NEW.public_key in replica.state.members and NEW.public_key not in replica.electorate(2)
+    assert NEW.public_key in replica.contributors(2), "the only fresh key: round 2's slate draws it"
 
 
 def test_commits_out_mean_a_round_under_way_whatever_the_counts():
-    replica = joined_replica([A, B])
+    replica = joined_replica([A, B], admitted=[B.public_key, NEW.public_key])
     replica.create(A, "commit", round=1, hash=b"\x07" * 32, size=10)
-    first, _ = join_round(replica, connected=[], min_peers=3)
-    assert first == 2
+    first, written = join_round(replica, min_peers=3)
+    assert first == 2, "it would commit after round 1's cut: it trains from round 2"
+    assert written == [("join", {"round": 1})], "round 1's value admits it all the same"
 
 
-def test_a_member_that_left_to_sit_out_leaves_the_electorate_and_joins_again():
-    replica = joined_replica([A, B, NEW])
-    assert NEW.public_key in replica.electorate(1)
-    replica.create(NEW, "leave", round=0)  # paused before round 1: nobody waits for it
-    assert NEW.public_key not in replica.electorate(1) and NEW.public_key not in replica.state.members
-    replica.create(NEW, "join", round=2)  # resumed while round 1 is under way
-    assert NEW.public_key not in replica.electorate(1) and NEW.public_key in replica.electorate(2)
+def test_a_join_is_written_once_while_it_waits_and_never_by_a_member():
+    replica = joined_replica([A], admitted=[NEW.public_key])
+    assert join_round(replica)[1] == [("join", {"round": 1})]
+    assert join_round(replica) == (1, []), "a join of ours waits for a value: not another"
+    certify(replica, [A])
     assert NEW.public_key in replica.state.members
+    assert join_round(replica) == (2, []), "on the roster: nothing to join"
+
+
+def test_a_member_that_left_leaves_the_electorate_once_a_value_names_it_and_is_back_by_committing():
+    replica = joined_replica([A, B, NEW])
+    certify(replica, [A, B, NEW])
+    assert NEW.public_key in replica.electorate(2)
+    replica.create(NEW, "leave", round=2)
+    assert NEW.public_key in replica.electorate(2), "a leave takes effect with the value that names it"
+    certify(replica, [A, B, NEW], contributors=[A, B])
+    assert NEW.public_key not in replica.electorate(3), "nobody waits for it from the next round on"
+    assert NEW.public_key in replica.state.members and NEW.public_key in replica.contributors(3), "it keeps its say"
+    certify(replica, [A, B, NEW])  # it commits again, and round 3 counts its payload
+    assert NEW.public_key in replica.chain.certificates[3].accepted and NEW.public_key in replica.electorate(4)
 
 
 def test_a_participation_sits_out_when_paused_or_when_its_schedule_says_so_asking_it_sparingly():

@@ -10,14 +10,19 @@ from contextlib import redirect_stdout
 from types import SimpleNamespace
 
 from locomesh.cli.run_view import format_status, outcome_text, round_line, round_table, show_status
+from locomesh.crdt import Replica, Value
+from locomesh.node.agreement.proposing import own_value
 from locomesh.node.rounds import machine as rm
 from locomesh.node.rounds.history import RoundHistory
 from locomesh.node.rounds.outcome import (
-    AFTER_THE_CUT, CERTIFIED_FIRST, COUNTED, NOT_A_MEMBER, NOT_COUNTED, NOT_PROPOSED, SAT_OUT, SYNCED_ONLY,
-    TRAINING_OVERTAKEN, Outcome, outcome_of, refusal, round_outcome,
+    AFTER_THE_CUT, CERTIFIED_FIRST, CONTRIBUTED, COUNTED, NOT_A_MEMBER, NOT_COUNTED, NOT_PROPOSED, SAT_OUT,
+    SYNCED_ONLY, TRAINING_OVERTAKEN, Outcome, outcome_of, refusal, round_outcome,
 )
 from locomesh.node.rounds.work import RoundRecord, RoundWork
+from locomesh.protocol import Identity
 from locomesh.training.codec import CodecError
+
+from .test_crdt_support import certify, in_causal_order, joined_replica, keys
 
 ME, A, B = b"m" * 32, b"a" * 32, b"b" * 32
 H = b"\x01" * 32
@@ -29,9 +34,9 @@ def sent(round_number: int = 32, **fields) -> RoundWork:
     return RoundWork(round_number, 0.0, committed=True, train_loss=1.705, train_seconds=1.5, payload_size=1000, **fields)
 
 
-def outcome(work=None, *, accepted=frozenset({ME, A}), committed=False, in_our_cut=True, sitting_out=None,
+def outcome(work=None, *, accepted=frozenset({ME, A}), committed=False, proposed=True, sitting_out=None,
             contributor=True) -> Outcome:
-    return round_outcome(32, work, me=ME, accepted=accepted, committed=committed, in_our_cut=in_our_cut,
+    return round_outcome(32, work, me=ME, accepted=accepted, committed=committed, proposed=proposed,
                          sitting_out=sitting_out, contributor=contributor)
 
 
@@ -47,13 +52,13 @@ def test_a_trained_round_adopted_by_a_download_says_our_payload_counted_not_sync
 
 def test_a_payload_left_out_says_why_where_this_node_knows():
     assert outcome(sent(), accepted=frozenset({A})) == Outcome(NOT_COUNTED, NOT_PROPOSED)
-    assert outcome(sent(), accepted=frozenset({A}), in_our_cut=False) == Outcome(NOT_COUNTED, AFTER_THE_CUT)
-    assert outcome(sent(), accepted=frozenset({A}), in_our_cut=None) == Outcome(NOT_COUNTED, CERTIFIED_FIRST)
+    assert outcome(sent(), accepted=frozenset({A}), proposed=False) == Outcome(NOT_COUNTED, AFTER_THE_CUT)
+    assert outcome(sent(), accepted=frozenset({A}), proposed=None) == Outcome(NOT_COUNTED, CERTIFIED_FIRST)
     refused = outcome(sent(refused="bad-scale: a block scale is not finite"))
     assert refused == Outcome(NOT_COUNTED, "left out by the aggregator: bad-scale: a block scale is not finite")
     record = RoundRecord.of(rm.RoundDone(32, H, 0, synced=True), sent(), EVALUATION, 10.0,
-                            outcome(sent(), accepted=frozenset({A}), in_our_cut=False)).to_json()
-    assert outcome_text(record) == "contributed, not counted (committed after the cut)"
+                            outcome(sent(), accepted=frozenset({A}), proposed=False)).to_json()
+    assert outcome_text(record) == f"contributed, not counted ({AFTER_THE_CUT})"
 
 
 def test_a_round_without_our_payload_is_sat_out_or_synced_only():
@@ -63,54 +68,105 @@ def test_a_round_without_our_payload_is_sat_out_or_synced_only():
     assert outcome(accepted=others, contributor=False) == Outcome(SAT_OUT, NOT_A_MEMBER)  # a late joiner's first rounds
     assert outcome(accepted=frozenset({A})) == Outcome(SYNCED_ONLY)  # a member catching up after a restart
     assert outcome(sent(31), accepted=frozenset({A})) == Outcome(SYNCED_ONLY), "another round's work says nothing"
-    overtaken = RoundWork(32, 0.0)  # training, uncommitted, when the round was certified
+    overtaken = RoundWork(32, 0.0, training=True)  # training, uncommitted, when the round was certified
     assert outcome(overtaken, accepted=frozenset({A}), sitting_out="paused") == Outcome(SYNCED_ONLY, TRAINING_OVERTAKEN)
 
 
 def test_a_round_committed_before_a_restart_is_judged_by_the_run_not_by_the_work_lost_with_the_process():
     assert outcome(None, accepted=frozenset({ME})) == Outcome(COUNTED), "the certified set names us"
-    assert outcome(None, accepted=frozenset({A}), committed=True, in_our_cut=None) == Outcome(NOT_COUNTED, CERTIFIED_FIRST)
+    assert outcome(None, accepted=frozenset({A}), committed=True, proposed=None) == Outcome(NOT_COUNTED, CERTIFIED_FIRST)
     for kind, why, text in ((SAT_OUT, "paused", "sat out (paused)"), (SYNCED_ONLY, None, "synced only")):
         record = RoundRecord.of(rm.RoundDone(32, H, 0, synced=True), None, EVALUATION, 10.0, Outcome(kind, why))
         assert f", {text}; " in round_line(record.to_json())
 
 
-def test_the_machine_remembers_whether_our_commit_made_our_cut_past_the_round():
-    machine = rm.RoundMachine(ME)
-    machine.handle(rm.Observation(0.0, 0, None, frozenset({ME, A, B}), {}))
-    both = {A: (b"pa" * 16, 10), B: (b"pb" * 16, 10)}
-    machine.handle(rm.Observation(1.0, 0, None, frozenset({ME, A, B}), both))
-    machine.handle(rm.Fetched(1, A, True, 1.5))
-    machine.handle(rm.Fetched(1, B, True, 1.6))
-    assert machine.in_our_cut(1) is None, "no cut yet"
-    machine.handle(rm.Trained(1, b"p" * 32, 100, 4.0, 5.0))  # the cutoff was at 3.0
-    assert machine.in_our_cut(1) is False
-    assert machine.handle(rm.Observation(6.0, 1, H, frozenset({ME, A, B}), {})) == [rm.Discard(1), rm.StartSync(1, H)]
-    machine.handle(rm.Synced(1, H, 7.0))
-    assert machine.in_our_cut(1) is False and machine.in_our_cut(2) is None, "outlives the round's state"
+# --- asked of the run: a real replica, its certificates and its proposals ---------------------------
+
+CREATOR, US, OTHER = EVERYONE = keys(3, offset=400)
+ALL_BUT_US = [CREATOR, OTHER]
 
 
-def participation(work, *, paused=False, accepted=frozenset({ME}), members=frozenset({ME, A}), in_our_cut=True):
-    certificates = {32: SimpleNamespace(accepted=accepted)}
-    commits = {} if work is None or not work.committed else {ME: (b"p" * 32, 1000)}
-    return SimpleNamespace(
-        work=work, me=ME, paused=paused, sitting_out=lambda: "outside the schedule 22:00-07:00",
-        replica=SimpleNamespace(state=SimpleNamespace(certificates=certificates), contributors=lambda r: set(members),
-                                commits=lambda r: commits),
-        machine=SimpleNamespace(in_our_cut=lambda r: in_our_cut if r == 32 else None))
+def _run() -> Replica:
+    """A run of three (all admitted at genesis) whose round 1 is certified; round 2 is under way."""
+    replica = joined_replica(EVERYONE)
+    certify(replica, EVERYONE)
+    assert replica.chain.tip.round == 2 and len(replica.chain.tip.electorate) == 3
+    return replica
 
 
-def test_a_participation_asks_the_certificate_its_cut_and_its_schedule():
-    assert outcome_of(participation(sent()), 32) == Outcome(COUNTED)
-    assert outcome_of(participation(sent(), accepted=frozenset({A}), in_our_cut=False), 32) == (
-        Outcome(NOT_COUNTED, AFTER_THE_CUT))
-    others = frozenset({A})
-    assert outcome_of(participation(None, accepted=others), 32) == (
-        Outcome(SAT_OUT, "outside the schedule 22:00-07:00"))
-    assert outcome_of(participation(None, accepted=others, paused=True), 32) == Outcome(SAT_OUT, "paused")
-    uncertified = participation(None)
-    uncertified.replica.state.certificates, uncertified.replica.commits = {}, lambda r: {ME: (b"p" * 32, 1000)}
-    assert outcome_of(uncertified, 32).kind == "contributed", "a commit of ours, before a restart"
+def _commit(replica: Replica, *who: Identity) -> None:
+    for identity in who:
+        replica.create(identity, "commit", round=replica.chain.tip.round, hash=identity.public_key, size=10)
+
+
+def _propose(replica: Replica, held: list[Identity], attempt: int = 0) -> Value:
+    """The proposer of `attempt` proposes the commits of `held` it holds (the others it could not fetch)."""
+    chain = replica.chain
+    value = own_value(chain, replica.facts, {identity.public_key for identity in held})
+    proposer = next(identity for identity in EVERYONE if identity.public_key == chain.proposer(attempt))
+    replica.create(proposer, "proposal", round=chain.tip.round, epoch=0, attempt=attempt, valid=0, **value.fields())
+    return value
+
+
+def _decide(replica: Replica, value: Value, attempt: int = 0) -> None:
+    for identity in EVERYONE:
+        replica.create(identity, "precommit", round=value.round, epoch=0, attempt=attempt, value=value.id, state=H)
+    assert replica.chain.round == value.round
+
+
+def participation(replica: Replica, work: RoundWork | None, *, paused: bool = False, sitting_out: str | None = None):
+    """What `outcome_of` reads of a `RunParticipation`: its replica, work, key and schedule."""
+    return SimpleNamespace(replica=replica, work=work, me=US.public_key, paused=paused, sitting_out=lambda: sitting_out)
+
+
+def test_whether_a_proposal_named_our_commit_is_read_from_the_run_and_outlives_the_round_and_a_restart():
+    """Why our payload was left out: no proposal named it (the proposers cut before it came, or
+    could not fetch it), or one did but the round decided another. The proposals are the run's
+    ops: the answer is the same rounds later, and after a restart that lost our work."""
+    counted = _run()
+    _commit(counted, *EVERYONE)
+    _decide(counted, _propose(counted, EVERYONE))
+    assert outcome_of(participation(counted, sent(2)), 2) == Outcome(COUNTED)
+
+    unfetched = _run()
+    _commit(unfetched, *EVERYONE)
+    _decide(unfetched, _propose(unfetched, ALL_BUT_US))
+    assert outcome_of(participation(unfetched, sent(2)), 2) == Outcome(NOT_COUNTED, AFTER_THE_CUT)
+
+    outvoted = _run()
+    _commit(outvoted, *EVERYONE)
+    _propose(outvoted, EVERYONE, attempt=0)  # named ours; the members moved on to attempt 1
+    _decide(outvoted, _propose(outvoted, ALL_BUT_US, attempt=1), attempt=1)
+    assert outcome_of(participation(outvoted, sent(2)), 2) == Outcome(NOT_COUNTED, NOT_PROPOSED)
+    certify(outvoted, EVERYONE)  # round 3: the run goes on
+    assert outvoted.chain.round == 3
+    assert outcome_of(participation(outvoted, sent(3)), 2) == Outcome(NOT_COUNTED, NOT_PROPOSED)
+    restarted = Replica(outvoted.genesis)
+    for data in in_causal_order(outvoted):
+        restarted.add(data)
+    assert outcome_of(participation(restarted, None), 2) == Outcome(NOT_COUNTED, NOT_PROPOSED)
+
+    late = _run()
+    _commit(late, *ALL_BUT_US)
+    _decide(late, _propose(late, ALL_BUT_US))
+    assert outcome_of(participation(late, sent(2)), 2) == Outcome(NOT_COUNTED, CERTIFIED_FIRST)  # ours not seen
+    late.create(US, "commit", round=2, hash=US.public_key, size=10)  # seen once the round was decided
+    assert outcome_of(participation(late, sent(2)), 2) == Outcome(NOT_COUNTED, AFTER_THE_CUT)
+
+
+def test_a_participation_asks_the_certificate_the_proposals_and_its_schedule():
+    run = _run()
+    _commit(run, *ALL_BUT_US)
+    _decide(run, _propose(run, ALL_BUT_US))
+    schedule = "outside the schedule 22:00-07:00"
+    assert outcome_of(participation(run, None, sitting_out=schedule), 2) == Outcome(SAT_OUT, schedule)
+    assert outcome_of(participation(run, None, paused=True, sitting_out=schedule), 2) == Outcome(SAT_OUT, "paused")
+    assert outcome_of(participation(run, None), 2) == Outcome(SYNCED_ONLY)
+    assert outcome_of(participation(run, RoundWork(2, 0.0, training=True)), 2) == Outcome(SYNCED_ONLY, TRAINING_OVERTAKEN)
+    _commit(run, US)  # round 3, not certified yet
+    assert outcome_of(participation(run, None), 3) == Outcome(CONTRIBUTED), "a commit of ours, before a restart"
+    stranger = SimpleNamespace(replica=run, work=None, me=b"s" * 32, paused=False, sitting_out=lambda: None)
+    assert outcome_of(stranger, 2) == Outcome(SAT_OUT, NOT_A_MEMBER), "a key on no roster"
     result = SimpleNamespace(rejected={ME: CodecError("bad-scale", "a block scale is not finite"), A: CodecError("x", "y")})
     assert refusal(result, ME) == "bad-scale: a block scale is not finite"
     assert refusal(SimpleNamespace(rejected={A: CodecError("x", "y")}), ME) is None
@@ -139,8 +195,8 @@ def test_run_status_says_under_its_table_why_a_payload_was_left_out():
     shown = io.StringIO()
     with redirect_stdout(shown):
         show_status(status)
-    assert "  round 7: contributed, not counted (committed after the cut)\n" in shown.getvalue()
-    assert "contributed, not counted (committed after the cut); train 1.5 s" in format_status(status)
+    assert f"  round 7: contributed, not counted ({AFTER_THE_CUT})\n" in shown.getvalue()
+    assert f"contributed, not counted ({AFTER_THE_CUT}); train 1.5 s" in format_status(status)
 
 
 def test_in_a_simulated_run_rounds_adopted_by_a_download_still_count_and_a_straggler_says_why_it_did_not():

@@ -20,6 +20,8 @@ from locomesh.node.runs.cards import CardPublisher, card_keepers, make_card, sta
 from locomesh.training.footprint import run_footprint
 from locomesh.training.run_settings import default_hparams
 
+from .test_crdt_support import certify
+
 NOW = 1_800_000_000
 TASK_CONFIG = {"alphabet": 32}
 
@@ -101,9 +103,10 @@ def test_card_keepers_are_a_few_members_every_member_computes_alike():
     assert card_keepers(run, [], creator) == frozenset()
 
 
-def make_run(creator: Identity, *, public: bool = True, name: str = "toy") -> tuple[bytes, Replica]:
+def make_run(creator: Identity, *, public: bool = True, name: str = "toy",
+             admitted: tuple[Identity, ...] = ()) -> tuple[bytes, Replica]:
     manifest = sign_manifest(creator, task="synthetic-lm", name=name, task_config=TASK_CONFIG, hparams=default_hparams(),
-                             public=public, created=NOW - 100)
+                             public=public, created=NOW - 100, admitted=[who.public_key for who in admitted])
     return manifest, Replica(Genesis.from_manifest(manifest))
 
 
@@ -113,8 +116,10 @@ def test_a_card_says_what_the_manifest_and_the_replica_say():
     for who in (creator, other):
         replica.create(who, "join", round=1)
     body = decode(manifest).body
+    assert standing(replica, body).members == (creator.public_key,), "a join counts once a certified round admits it"
+    certify(replica, [creator, other])
     run = standing(replica, body)
-    assert run.members == tuple(sorted((creator.public_key, other.public_key))) and run.rounds == 0
+    assert run.members == tuple(sorted((creator.public_key, other.public_key))) and run.rounds == 1
     made = make_card(run, run_footprint(body, contributors=2))
     assert made["run"] == run_id(manifest) and made["members"] == 2 and made["params"] > 0
     assert made["download"] == made["upload"] and made["memory"] > 4 * made["params"]
@@ -152,8 +157,8 @@ async def inline(function, *args):
 
 
 async def test_a_keeper_publishes_refreshes_and_retracts_its_cards():
-    me = identity(0)
-    public_manifest, public = make_run(me)
+    me, other = identity(0), identity(1)
+    public_manifest, public = make_run(me, admitted=(other,))
     _private_manifest, private = make_run(me, public=False, name="secret")
     for replica in (public, private):
         replica.create(me, "join", round=1)
@@ -176,7 +181,13 @@ async def test_a_keeper_publishes_refreshes_and_retracts_its_cards():
     await publisher.update()
     assert discovery.providing == shard_keys(discovery.now)
 
-    public.create(me, "leave", round=1)
+    public.create(other, "join", round=1)
+    certify(public, [me, other])
+    public.create(me, "leave", round=2)
+    await publisher.update()
+    assert discovery.published[-1] != [], "a leave takes effect once a certified round names it"
+    certify(public, [me, other], contributors=[other])  # it votes until then, and sends no payload
+    assert public.chain.tip.electorate == {other.public_key}
     await publisher.update()
     assert discovery.published[-1] == [] and discovery.providing == set()  # retracted, no longer provided
     count = len(discovery.published)
@@ -191,6 +202,8 @@ async def test_a_member_that_is_not_a_keeper_publishes_nothing():
     members = [identity(i) for i in range(1, 8)]
     for who in [creator, *members]:
         replica.create(who, "join", round=1)
+    certify(replica, [creator, *members])  # round 1 admits the joins
+    assert len(replica.state.members) == 8
     keepers = card_keepers(run_id(manifest), replica.state.members, creator.public_key)
     outsider = next(who for who in members if who.public_key not in keepers)
     discovery = FakeDiscovery(outsider)

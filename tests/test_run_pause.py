@@ -38,7 +38,7 @@ def test_a_paused_node_keeps_its_state_current_and_resumes_without_a_download(tm
     daemons = start_swarm(tmp_path, 3, log=log)
     try:
         wait_connected(daemons)
-        run_id = create_run(daemons[0], {"inner_steps": 4, "round_deadline_s": 60, "min_peers": 2})
+        run_id = create_run(daemons[0], {"inner_steps": 4, "round_deadline_s": 60, "min_peers": 2}, admitted=daemons)
         join_all(daemons, run_id)
         wait_until(daemons, run_id, lambda s: min(x["round"] for x in s) >= 1, 120, "round 1 everywhere")
 
@@ -51,8 +51,12 @@ def test_a_paused_node_keeps_its_state_current_and_resumes_without_a_download(tm
         seen = wait_until(daemons, run_id, lambda s: s[PAUSED]["round"] >= last_own + 3 and s[PAUSED]["phase"] == "paused",
                           180, "three rounds past the pause")
         quiet = [r for r in seen[PAUSED]["history"] if r["round"] > last_own + 1]
-        assert quiet and all(record["synced"] for record in quiet), "a paused node trains nothing"
+        # It sends nothing; it still votes (it computes each value's state to precommit it), so it
+        # keeps its place in the electorate.
+        assert quiet and all(record["train_loss"] is None and not record["payload_bytes"] for record in quiet), \
+            ("a paused node trains nothing", quiet)
         assert seen[PAUSED]["sitting_out"].startswith("paused")
+        assert seen[PAUSED]["say"]["has"], "it keeps its place in the electorate"
         others = [r for r in seen[0]["history"] if r["round"] > last_own + 1]
         assert others and all(record["contributors"] == 2 for record in others), "nobody waits for the paused node"
 
@@ -64,11 +68,11 @@ def test_a_paused_node_keeps_its_state_current_and_resumes_without_a_download(tm
         assert at_resume >= current["round"]
 
         def trained_again(s):
-            return any(not record["synced"] and record["round"] > at_resume for record in s[PAUSED]["history"])
+            return any(record["train_loss"] is not None and record["round"] > at_resume for record in s[PAUSED]["history"])
 
         final = wait_until(daemons, run_id, trained_again, 180, "the resumed node to train a round")
         after = [r for r in final[PAUSED]["history"] if r["round"] > at_resume]
-        first_trained = next(r["round"] for r in after if not r["synced"])
+        first_trained = next(r["round"] for r in after if r["train_loss"] is not None)
         # A round already under way when it resumed is synced (it cannot join that one), and so is
         # the next if the others began it before that sync ended; no more: nothing is downloaded.
         assert sum(record["synced"] for record in after if record["round"] < first_trained) <= 2, after

@@ -1,4 +1,4 @@
-"""State stewards (node/rounds/machine.py `state_stewards`): each round, a few members store the new
+"""State stewards (node/rounds/orders.py `state_stewards`): each round, a few members store the new
 state for peers that sync; every member attests its checkpoint ID, and a syncing peer asks the
 stewards first."""
 
@@ -10,16 +10,26 @@ import numpy as np
 import pytest
 
 from locomesh.node.rounds import machine as rm
+from locomesh.node.rounds.orders import state_stewards
 from locomesh.netsim.offload import run_inline
 from locomesh.node.rounds.participation import RunParticipation
 from locomesh.protocol import peer_id_from_public_key
 from locomesh.node.transfer.store import manifest_path
 from locomesh.training.participant import StateSnapshot
 
-from .test_crdt_support import joined_replica, keys
+from .test_crdt_support import H2, certify, joined_replica, keys
 
 MEMBERS = keys(4)
-ROUND = 2  # members joined for round 1 and are still active (crdt.view.ACTIVITY_WINDOW)
+ROUND = 2  # certified by all four: round 1 admitted the joins of the three admitted at genesis
+
+
+def certified_run():
+    """A run of the four MEMBERS with rounds 1 and 2 certified; the seed of round 2's draws: round 1's state."""
+    replica = joined_replica(MEMBERS)
+    certify(replica, MEMBERS)
+    certify(replica, MEMBERS, H2)
+    assert replica.electorate(ROUND) == {member.public_key for member in MEMBERS}
+    return replica, replica.state.certificates[ROUND - 1].hash
 
 
 class Attestations:
@@ -42,8 +52,8 @@ def participation(me, replica, directory) -> tuple[RunParticipation, Attestation
 
 @pytest.mark.trio
 async def test_stewards_store_the_state_and_the_others_only_attest_it(tmp_path):
-    replica = joined_replica(MEMBERS)
-    stewards = rm.state_stewards(ROUND, replica.run_id, replica.electorate(ROUND))  # no round certified: the run ID seeds it
+    replica, seed = certified_run()
+    stewards = state_stewards(ROUND, seed, replica.electorate(ROUND))
     assert len(stewards) == 2
     snapshot = StateSnapshot({"theta": np.arange(50_000, dtype=np.float32)}, ROUND)
     expected = snapshot.manifest(replica.run_id)
@@ -56,8 +66,8 @@ async def test_stewards_store_the_state_and_the_others_only_attest_it(tmp_path):
 
 
 def test_a_syncing_peer_asks_the_stewards_first(tmp_path):
-    replica = joined_replica(MEMBERS)
-    stewards = rm.state_stewards(ROUND, replica.run_id, replica.electorate(ROUND))  # no round certified: the run ID seeds it
+    replica, seed = certified_run()
+    stewards = state_stewards(ROUND, seed, replica.electorate(ROUND))
     outsider = next(m for m in MEMBERS if m.public_key not in stewards)
     party, _ = participation(outsider, replica, tmp_path)
     providers = party.states.providers(ROUND)

@@ -52,12 +52,13 @@ def test_four_daemons_train_through_an_attacker_a_crash_and_a_late_joiner(tmp_pa
     late = None
     try:
         wait_connected(daemons)
-        run_id = create_run(daemons[0], {"inner_steps": 8, "round_deadline_s": ROUND_DEADLINE, "min_peers": 4})
+        run_id = create_run(daemons[0], {"inner_steps": 8, "round_deadline_s": ROUND_DEADLINE, "min_peers": 4},
+                            admitted=daemons)
         join_all(daemons, run_id)
         wait_for(daemons, run_id, lambda s: min(x["round"] for x in s) >= 1, 120, "round 1")
 
         # Kill one peer while round 2 is under way.
-        wait_for(daemons, run_id, lambda s: s[VICTIM]["phase"] in ("train", "collect"), 60, "round 2 to start")
+        wait_for(daemons, run_id, lambda s: s[VICTIM]["phase"] in ("train", "committed"), 60, "round 2 to start")
         daemons[VICTIM].process.send_signal(signal.SIGKILL)
         daemons[VICTIM].wait()
         alive = [d for i, d in enumerate(daemons) if i != VICTIM]
@@ -94,7 +95,7 @@ def test_with_delayed_updates_rounds_train_ahead_and_honest_peers_still_agree(tm
     try:
         wait_connected(daemons)
         settings = {"inner_steps": 8, "round_deadline_s": ROUND_DEADLINE, "min_peers": 4, "delayed_updates": True}
-        run_id = create_run(daemons[0], settings)
+        run_id = create_run(daemons[0], settings, admitted=daemons)
         join_all(daemons, run_id)
         final = wait_for(daemons, run_id, lambda s: common_round(s, 10**9) >= 4, 240, "round 4 everywhere")
     finally:

@@ -70,6 +70,11 @@ class TrainingSettings(Protocol):
         """The Byzantine share the run's shard committees are sized for."""
         ...
 
+    @property
+    def recover_after(self) -> int:
+        """Attempt deadlines a round may go uncertified before a member signs a recover (node/agreement/recovery.py)."""
+        ...
+
 
 @runtime_checkable
 class OuterShape(Protocol):

@@ -142,6 +142,9 @@ RULES: dict[str, Rule] = {
     "shard_values": _integer(1024, 1 << 24),
     "round_deadline_s": Rule(float, 1, 86_400),
     "min_peers": _integer(1, 10_000),
+    # Attempt deadlines a round may go uncertified before its members sign a recover (more than a
+    # third of the electorate gone at once: node/agreement/recovery.py).
+    "recover_after": _integer(1, 100),
     "eval_every": _integer(0, 1_000_000),  # evaluate the shared state every this many rounds (0: never)
     "delayed_updates": Rule(bool),  # train round r+1 while round r is exchanged (see training/participant.py)
     # Contribution scores (training/scoring.py, crdt/scores.py): "report" has a committee of each
@@ -173,6 +176,7 @@ class RoundSettings:
     shard_values: int = DEFAULT_SHARD_VALUES
     round_deadline_s: float = 600.0
     min_peers: int = 1  # a round starts once this many peers are eligible for it
+    recover_after: int = 3
     eval_every: int = 1
     delayed_updates: bool = False
     scoring: str = "off"

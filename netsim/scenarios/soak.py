@@ -11,8 +11,9 @@ that stays up), each one of:
 - **leave**: a clean `run leave`, and `run join` again after `down_min` to `down_max` seconds;
 - **slow**: the member's inner steps take `slow_factor` times longer for `slow_seconds`.
 
-An event that would take more than a third of the members out at once (down or left) is skipped:
-past that, no protocol can tell a quorum from a partition. Not modelled here: packet loss and
+An event that would take a third of the electorate out at once (down, gone for good while the
+rounds have not dropped it yet, or left) is skipped: the round would wait for the recovery
+(node/agreement/recovery.py), which `sim train` and the tests measure on their own. Not modelled here: packet loss and
 link drops (a link's profile is fixed when a connection opens), relays (the scenario runs no NAT
 traversal: `sim nat` covers relays that die and return).
 
@@ -65,6 +66,9 @@ class Config:
     partition_at: float = option(0.0, "virtual seconds after round 1 when the members split into two halves that "
                                       "cannot reach each other (0: never)")
     partition_seconds: float = option(300.0, "how long the split lasts, seconds")
+    slow_group: float = option(0.0, "share of the members slowed at once (by slow_factor, for slow_seconds), every "
+                                    "slow_every seconds (0: never)")
+    slow_every: float = option(1200.0, "seconds between the slow spells of slow_group")
 
 
 @dataclass
@@ -92,15 +96,16 @@ class _Soak(train._Run):
         self.first_round_at = 0.0
 
     async def soak_run(self) -> None:
-        creator = self._add("honest")
+        team = [self._add("honest") for _ in range(self.soak.nodes)]
+        creator = team[0]
         await self._start(creator)
-        self._create_run(creator)
+        self._create_run(creator, team)
         await creator.rounds.join(self.manifest)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._note_rounds)
             async with trio.open_nursery() as joins:
-                for _ in range(self.soak.nodes - 1):
-                    joins.start_soon(self._join, self._add("honest"), creator, self.rng.uniform(0, self.config.join_window))
+                for member in team[1:]:
+                    joins.start_soon(self._join, member, creator, self.rng.uniform(0, self.config.join_window))
             while not any(1 in m.done_at for m in self.members):
                 await trio.sleep(train.WATCH_SECONDS)
             self.first_round_at = trio.current_time()
@@ -109,16 +114,20 @@ class _Soak(train._Run):
                 nursery.start_soon(self._event, at, kind, creator)
             if self.soak.partition_at:
                 nursery.start_soon(self._partition, self.first_round_at + self.soak.partition_at, creator)
+            if self.soak.slow_group:
+                nursery.start_soon(self._slow_groups, end)
             await trio.sleep_until(end)
             nursery.cancel_scope.cancel()
 
-    def _create_run(self, creator: train._Member) -> None:
-        """`train`'s run, less its `min_peers` = N: a run that waits for every member stalls as soon
-        as one is away, by its creator's choice; this one starts with whoever is in."""
+    def _create_run(self, creator: train._Member, team: list[train._Member]) -> None:
+        """`train`'s run (its `team` admitted at genesis), less its `min_peers` = N: a run that waits
+        for every member stalls as soon as one is away, by its creator's choice; this one starts
+        with whoever is in."""
         config = self.config
         hparams = {**DEFAULT_HPARAMS, "round_deadline_s": config.round_deadline_s, "inner_steps": config.inner_steps}
         self.manifest = sign_manifest(creator.node.identity, task="netsim", name="netsim soak", seed=self.sim.seed,
-                                      hparams=hparams, public=True, created=int(clock.wall()))
+                                      hparams=hparams, public=True, created=int(clock.wall()),
+                                      admitted=[member.node.identity.public_key for member in team])
         self.run_id = load_manifest(self.manifest)[0]
         creator.services.registry.store.add(self.manifest, "created")
         self.started = trio.current_time()
@@ -137,8 +146,8 @@ class _Soak(train._Run):
             return
         member = self.rng.choice(candidates)
         event.member = member.name
-        if kind != "slow" and 3 * (len(self.away) + 1) >= self._population():
-            event.skipped = "a third of the members would be out"
+        if kind != "slow" and 3 * (self._out() + 1) >= max(1, self._voters()):
+            event.skipped = "a third of the electorate would be out"
             return
         away = self.rng.uniform(self.soak.down_min, self.soak.down_max)
         if kind == "restart":
@@ -148,6 +157,7 @@ class _Soak(train._Run):
             member.crashed = True
             member.node.crash()
             newcomer = self._add("joiner")
+            creator.services.crdt.write(self.run_id, "admit", key=newcomer.node.identity.public_key)
             self.arrivals.append((newcomer.name, "join", trio.current_time()))
             await self._join(newcomer, creator, trio.current_time())
         elif kind == "leave":
@@ -203,6 +213,19 @@ class _Soak(train._Run):
                 self.progress(f"{member.name}: join refused ({error}); trying again in {JOIN_RETRY:g} s")
                 await trio.sleep(JOIN_RETRY)
 
+    async def _slow_groups(self, end: float) -> None:
+        """Every `slow_every` seconds, a `slow_group` share of the members (the creator aside) trains
+        `slow_factor` times slower for `slow_seconds`, all at once."""
+        while trio.current_time() + self.soak.slow_every < end:
+            await trio.sleep(self.soak.slow_every)
+            candidates = [m for m in self.members[1:] if not m.crashed]
+            group = self.rng.sample(candidates, min(len(candidates), round(self.soak.slow_group * self.soak.nodes)))
+            self.events.append(_Event(trio.current_time(), "slow group", member=f"{len(group)} members",
+                                      until=trio.current_time() + self.soak.slow_seconds))
+            async with trio.open_nursery() as spells:
+                for member in group:
+                    spells.start_soon(self._slow_spell, member)
+
     async def _slow_spell(self, member: train._Member) -> None:
         participation = member.participation(self.run_id)
         if participation is None:
@@ -213,8 +236,19 @@ class _Soak(train._Run):
         await trio.sleep(self.soak.slow_seconds)
         participant.cost = cost
 
-    def _population(self) -> int:
-        return sum(1 for m in self.members if not m.crashed or m.name in self.away)
+    def _voters(self) -> int:
+        """The electorate of the round under way, as node 0 sees it."""
+        keeper = self._keeper()
+        return 0 if keeper is None else len(keeper.replica.chain.tip.electorate)
+
+    def _out(self) -> int:
+        """Members of that electorate that are down, gone or left: a crashed member counts until the
+        rounds drop it (crdt/membership.py: absence)."""
+        keeper = self._keeper()
+        if keeper is None:
+            return len(self.away)
+        electorate = keeper.replica.chain.tip.electorate
+        return sum(1 for m in self.members if m.node.identity.public_key in electorate and (m.crashed or m.name in self.away))
 
     def _bank(self, member: train._Member) -> None:
         node = member.node.node
@@ -340,7 +374,8 @@ class _Soak(train._Run):
         return self.banked.get(member.name, 0) + live
 
     def _kinds_line(self, events: list[_Event]) -> str:
-        return ", ".join(f"{sum(1 for e in events if e.kind == kind)} {kind}" for kind in EVENTS)
+        kinds = [*EVENTS, *(["slow group"] if any(e.kind == "slow group" for e in events) else [])]
+        return ", ".join(f"{sum(1 for e in events if e.kind == kind)} {kind}" for kind in kinds)
 
     def _slow_table(self, slow: list[tuple[int, float]], certified_at: dict[int, float]) -> dict:
         rows = []

@@ -247,16 +247,17 @@ class _Run(TrainReporting):
     async def train(self) -> None:
         kinds = self._kinds()
         rest = [kinds[0], *self.rng.sample(kinds[1:], len(kinds) - 1)]  # where the odd ones sit: seeded
-        creator = self._add(rest[0])
+        team = [self._add(kind) for kind in rest]
+        creator = team[0]
         await self._start(creator)
-        self._create_run(creator)
+        self._create_run(creator, team)
         await creator.rounds.join(self.manifest)
         self.progress(f"t={trio.current_time():.1f}s: run created; {self.config.nodes - 1} nodes joining")
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._watch, nursery.cancel_scope)
             async with trio.open_nursery() as joins:
-                for kind in rest[1:]:
-                    joins.start_soon(self._join, self._add(kind), creator, self.rng.uniform(0, self.config.join_window))
+                for member in team[1:]:
+                    joins.start_soon(self._join, member, creator, self.rng.uniform(0, self.config.join_window))
             self.progress(f"t={trio.current_time():.1f}s: all {len(self.members)} nodes joined")
             config = self.config
             for kind in ["sybil"] * config.sybils + ["bomber"] * config.bombers + ["spammer"] * config.spammers:
@@ -269,7 +270,9 @@ class _Run(TrainReporting):
             await trio.sleep(self.config.run_timeout)
             nursery.cancel_scope.cancel()
 
-    def _create_run(self, creator: _Member) -> None:
+    def _create_run(self, creator: _Member, team: list[_Member]) -> None:
+        """The run: public, its `team` admitted at genesis (a say from their join: the members a
+        creator starts a run with); keys that come later are admitted by the creator (`_admit`)."""
         config = self.config
         # A liar is banned once caught (node/exchange/sharded.py): the run goes on without it.
         hparams = {**DEFAULT_HPARAMS, "min_peers": config.nodes - config.liars - config.crashers,
@@ -277,7 +280,8 @@ class _Run(TrainReporting):
                    "inner_steps": config.inner_steps, "delayed_updates": config.delayed_updates,
                    "exchange": config.exchange, "byzantine_fraction": config.byzantine_fraction}
         self.manifest = sign_manifest(creator.node.identity, task="netsim", name="netsim train", seed=self.sim.seed,
-                                      hparams=hparams, public=True, created=int(clock.wall()))
+                                      hparams=hparams, public=True, created=int(clock.wall()),
+                                      admitted=[member.node.identity.public_key for member in team])
         self.run_id = load_manifest(self.manifest)[0]
         creator.services.registry.store.add(self.manifest, "created")
         self.started = trio.current_time()
@@ -338,7 +342,9 @@ class _Run(TrainReporting):
         self.progress(f"t={trio.current_time():.1f}s: crashed {', '.join(v.name for v in victims)}")
         async with trio.open_nursery() as joins:
             for _ in range(config.churn):
-                joins.start_soon(self._join, self._add("joiner"), creator, trio.current_time())
+                joiner = self._add("joiner")
+                creator.services.crdt.write(self.run_id, "admit", key=joiner.node.identity.public_key)
+                joins.start_soon(self._join, joiner, creator, trio.current_time())
 
     async def _watch(self, done: trio.CancelScope) -> None:
         """Note when each node comes to hold each round's certified state (by aggregating or by a

@@ -176,18 +176,21 @@ class TrainReporting:
         rows = []
         for member in self.members:
             share = self._share(member)
-            synced = sum(1 for r in (member.participation(self.run_id) or _Empty()).history if r.synced)
+            participation = member.participation(self.run_id)
+            synced = sum(1 for r in (participation or _Empty()).history if r.synced)
+            banned = participation is not None and participation.banned is not None
             rows.append([member.name, member.kind, "crashed" if member.crashed else "up", len(member.done_at), synced,
                          round(member.compute.seconds_between(0.0, trio.current_time()), 3), _rounded(share),
-                         round(self._held_bytes(member) / 1024, 1)])
+                         round(self._held_bytes(member) / 1024, 1), banned])
         return table(
             "Nodes",
-            ["node", "kind", "end", "rounds done", "synced", "compute s", "compute share", "held KiB"],
+            ["node", "kind", "end", "rounds done", "synced", "compute s", "compute share", "held KiB", "banned"],
             rows,
             note="Compute s: all modelled training, thrown-away rounds included. Compute share: the training "
                  "of the payloads the node committed in the run's rounds over the virtual seconds from its "
                  "first training to the last round. Held: what the node keeps of the run that peers sent or "
-                 "made it keep (CRDT ops applied and waiting, checkpoint store files, payloads held in memory).",
+                 "made it keep (CRDT ops applied and waiting, checkpoint store files, payloads held in memory). "
+                 "Banned: the run banned the node (evidence of an equivocation, or a disputed shard result).",
         )
 
     def _contribution_table(self) -> dict:

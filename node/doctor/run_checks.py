@@ -233,30 +233,15 @@ class RunDoctor:
             report.checks.append(ok("round time", f"in time: {detail}"))
 
 
-LIKELY_CAUSE = {
-    "voted": "members of the electorate that have not voted: crashed after their commit, or cut off from the rest",
-    "propose": "no proposal this node can follow: payloads it cannot fetch, or a proposer that is gone",
-    "collect": "payloads this node cannot fetch from their authors",
-    "train": "this node's own inner steps take much longer than the run's recent rounds",
-}
-
-
 def progress_check(status: dict[str, Any]) -> Check:
-    """A round that has lasted more than twice the longest recent round here is stuck: say since
-    when, until when, on whom, and the likely cause."""
+    """A round that has gone its recover deadline uncertified cannot advance: a failure, with its
+    cause and a fix (node/rounds/status.py: `stuck`)."""
     waiting = status.get("waiting") or {}
-    if not waiting.get("stuck"):
-        return ok("round progress", f"round {status.get('round', 0) + 1} is under way "
+    stuck = waiting.get("stuck")
+    if not stuck:
+        return ok("round progress", f"round {status.get('certified', 0) + 1} is under way "
                                     f"({status.get('certified', 0)} certified)")
-    on = waiting.get("on") or []
-    unreachable = waiting.get("unreachable") or []
-    whom = f" from {len(on)} peers ({len(unreachable)} not connected)" if on else ""
-    cause = LIKELY_CAUSE.get(status.get("phase", ""), "see `locomesh run status`")
-    return warn("round progress",
-                f"round {status['round'] + 1} is stuck: attempt {waiting['attempt']} has waited {waiting['waited_s']:.0f} s "
-                f"(recent rounds took at most {waiting['usual_s']:.0f} s; its deadline is {waiting['deadline_s']:.0f} s) "
-                f"for {waiting['for']}{whom}; likely cause: {cause}",
-                f"next: {waiting['next']}; `locomesh run status {status.get('run_id', '')}` names the peers")
+    return fail("round progress", stuck["cause"], stuck["fix"])
 
 
 def _members_check(members: list[str], tried: list[MemberReport]) -> Check:

@@ -32,7 +32,6 @@ from typing import Any, Callable
 import trio
 
 from locomesh.crdt import Replica
-from locomesh.node.rounds.machine import RoundMachine
 from locomesh.node.runtime import Node
 from locomesh.node.transfer.download import REFUSED, DownloadError, DownloadProgress, Offload, download_checkpoint
 from locomesh.node.transfer.held import HeldCheckpoints
@@ -40,6 +39,8 @@ from locomesh.node.transfer.store import load_payload, write_frames, write_paylo
 from locomesh.protocol import peer_id_from_public_key
 from locomesh.training.checkpoint_manifest import CheckpointError
 from locomesh.training.contract import PAYLOAD_TENSOR
+
+from .work import RoundClock
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +54,7 @@ class PayloadExchange:
     """Our payloads into the store, the others' out of the network, for one run."""
 
     def __init__(self, node: Node, replica: Replica, participant: Any, directory: Path, held: HeldCheckpoints,
-                 scores: Any, *, machine: RoundMachine, offload: Offload, connected: Callable[[bytes], bool],
+                 scores: Any, *, machine: RoundClock, offload: Offload, connected: Callable[[bytes], bool],
                  other_members: Callable[[bytes | None], list[str]], archive: bool = False) -> None:
         """`archive`: also write the others' payloads to the store (see the module docstring)."""
         self.node, self.replica, self.run_id = node, replica, replica.run_id

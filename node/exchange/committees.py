@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from math import comb
 
-from locomesh.crdt.electorate import drawn_order
+from locomesh.crdt.quorum import drawn_order
 
 Author = bytes
 

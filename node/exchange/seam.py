@@ -17,10 +17,10 @@ from contextlib import contextmanager
 from typing import Any, Iterator
 
 from locomesh.crdt import Replica
-from locomesh.node.rounds.work import RoundWork
 from locomesh.node.transfer.download import DownloadProgress
 
 from .allgather import PayloadExchange
+from .work import RoundWork
 from .mode import ExchangeChoice, choose
 from .sharded import ShardedExchange
 
@@ -36,9 +36,10 @@ class RoundExchange:
         self.last_choice: ExchangeChoice | None = None
 
     def choose(self, round_number: int) -> ExchangeChoice:
-        """The exchange of round `round_number`: from the run's settings and the round's first
-        electorate, so that every member of the round picks the same."""
-        choice = self._for(len(self.replica.attempts(round_number)[0]))
+        """The exchange of round `round_number`: from the run's settings and the round's
+        electorate (crdt/membership.py: fixed when the round before was certified), so that every
+        member of the round picks the same."""
+        choice = self._for(len(self.replica.electorate(round_number)))
         if self.last_choice is None or choice.mode != self.last_choice.mode:
             logger.info("round %d: %s exchange (%s)", round_number, choice.mode, choice.reason)
         self.last_choice = choice
@@ -46,9 +47,9 @@ class RoundExchange:
 
     def predict(self, round_number: int) -> str:
         """The exchange round `round_number` will most likely use, before the round before it is
-        certified (to train ahead for it): its electorate will be about the contributors of that
-        round. A wrong guess costs the payload trained ahead, once."""
-        return self._for(len(self.replica.contributors(round_number - 1))).mode
+        certified (to train ahead for it): its electorate will be about that round's. A wrong guess
+        costs the payload trained ahead, once."""
+        return self._for(len(self.replica.electorate(round_number - 1))).mode
 
     def _for(self, members: int) -> ExchangeChoice:
         layout = self.participant.shard_layout()

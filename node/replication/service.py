@@ -80,6 +80,7 @@ MiB = 1024 * 1024
 # hundred members writing a few ops a round is tens of ops a second; a backlog goes by pulls.
 OP_COST = 512  # bytes an op is charged beyond its size: what parsing and checking it costs
 GOSSIP_BURST, GOSSIP_RATE = 8 * MiB, 1 * MiB  # charged bytes at once, and per second after that
+GOSSIP_MESSAGES = 100  # messages a second per peer GossipSub takes (its spam check); bytes are budgeted above
 SERVE_BURST, SERVE_RATE = 64 * MiB, 8 * MiB  # sync answers: a newcomer's whole backlog at once
 MAX_SERVED_PER_PEER = 4  # sync streams served at once: one pull per run it shares with us
 MAX_SERVED = 64
@@ -128,8 +129,12 @@ class CrdtService:
         self.schedule = AntiEntropySchedule(node.rng, base_interval=self.sync_interval,
                                             max_interval=self.max_sync_interval, fanout=self.sync_fanout)
         # Built before any connection exists: Pubsub learns of peers through a notifee.
+        # GossipSub's own spam check (10 messages a second per peer and topic by default) drops what
+        # a peer forwards of a busy run's agreement (every member's batches, a few a second each);
+        # what one peer may forward is bounded by our own budget instead (`GOSSIP_RATE`, `OP_COST`).
         router = GossipSub(
-            protocols=[GOSSIPSUB_PROTOCOL_ID], degree=6, degree_low=4, degree_high=12, heartbeat_interval=1
+            protocols=[GOSSIPSUB_PROTOCOL_ID], degree=6, degree_low=4, degree_high=12, heartbeat_interval=1,
+            max_messages_per_topic_per_second=GOSSIP_MESSAGES,
         )
         self.pubsub = Pubsub(node.host, router, strict_signing=True, msg_id_constructor=_content_id)
         node.set_stream_handler(SYNC_PROTOCOL, self._serve_sync, timeout=None)
@@ -236,16 +241,16 @@ class CrdtService:
         return run_id in self._pulled
 
     def has_standing(self, peer_id: str) -> bool:
-        """Is `peer_id` a member of a run replicated here with influence there: trusted at genesis,
-        or earned (a certified round accepted its contribution)? What a node serves before anyone
-        else (upload slots, the doctor probe): a join is free in an open run, standing is not."""
+        """Is `peer_id` a member of a run replicated here with a say there (admitted, or earned by
+        counted work: crdt/membership.py)? What a node serves before anyone else (upload slots, the
+        doctor probe): a join is free in an open run, standing is not."""
         try:
             key = public_key_from_peer_id(peer_id)
         except ProtocolError:
             return False
         for replica in list(self.replicas.values()):
-            state = replica.state
-            if key in state.members and (key in state.earned or key in replica.genesis.trusted):
+            member = replica.chain.tip.membership.roster.get(key)
+            if member is not None and member.say:
                 return True
         return False
 

@@ -1,45 +1,50 @@
 """Auditing a run: replay its certified rounds from the record and check every certificate.
 
-A certificate says that more than two thirds of a round's electorate computed one state hash. An
-honest peer computes it one way only (`machine`, steps 4 to 6, and `replay`): it aggregates the
-payloads of exactly one proposal's set of authors, keyed by author, with `Participant.aggregate`
-on the certified state of the round before (bit-exact on every CPU), and hashes the result
+Theory of operation
+-------------------
+A certificate of round r (crdt/chain.py) says that more than two thirds of r's electorate
+precommitted one value and one state hash. The value (crdt/value.py) names exactly one commit op
+per payload author, so it names exactly the payloads the round aggregates
+(`certificate.reading.payloads`: author -> `Payload` (checkpoint ID, size, commit op)). An honest
+member precommits only a value whose every payload it holds, and only the state it computed from
+them one way (node/rounds/deciding.py): the outer step of those payloads, keyed by author, with
+`Participant.aggregate` on the certified state of round r - 1 (bit-exact on every CPU), hashed
 (`Participant.state_hash`). The participant is made from the genesis manifest alone, as the daemon
-makes it (`RoundService.join`). So whoever holds a round's committed payloads can recompute it.
-Per certified round r, from the certified state of round r - 1:
+makes it (`RoundService.join`). So whoever holds a round's payloads can recompute it. Per
+certified round r, from the certified state of round r - 1:
 
-Only the proposals of r's electorate count (the electorates of the attempts up to the certifying
-one, as `crdt/electorate.py` derives them into the certificate): honest peers follow no other
-proposer, so anyone else's set cannot be what they computed.
+- ``ok``: the value's payloads give the certified hash;
+- ``mismatch``: they do not: they give another hash, or nothing at all (no valid payload to
+  apply), or one of them breaks the run's limits (no honest member holds it, so none computed any
+  state of the value). The precommitters of the certified (value, state) (`Chain.voters`: every
+  member of r's electorate whose precommit names them, late ones included) signed a state no
+  honest member computes: that is the evidence, and the report names them;
+- ``missing``: some payload of the value is not in this node's store, and none breaks the limits,
+  so no verdict; the report names the payloads and their authors (an archive node, `node start
+  --archive`, keeps them all; others only the last few rounds; `run audit --fetch` downloads them).
 
-- ``ok``: the set of one of those proposals gives the certified hash (the proposals that the
-  certificate's voters name in their votes are tried first);
-- ``mismatch``: every such set was built here, or is *bogus*, and none gives it: the certificate
-  does not follow from its contributions. Its voters signed a hash no honest peer computes: that
-  is the evidence, and the report names them. A set is bogus when it names an author with no
-  commit for the round in the op log: no honest peer aggregated it (it proposes only authors
-  whose commits it holds). A set holding a payload that breaks the run's limits counts as built
-  (every honest peer refuses it); an author with two commits (an equivocation) is tried with each;
-- ``missing``: some set could not be built here for want of payloads in the store, so no
-  verdict (an archive node, `node start --archive`, keeps them all; others only the last few
-  rounds; `run audit --fetch` downloads them), or because it names more authors with two
-  commits than there is time to try (MAX_VARIANTS).
-
-The op log is taken as this node holds it: what it lacks (a commit, a proposal that votes name)
-is not a gap that could hide a verdict, since any member could make such a gap on purpose (a
-proposal naming a key that never committed, votes naming a proposal never made). So audit from a
-node that has synced the run.
+The op log is taken as this node holds it. A certificate can only stand on ops it holds (the
+proposal of the value, which depends on every commit it names, and the precommits), so what the
+log lacks hides no verdict; it may only leave the newest rounds uncertified here (audit from a
+node that has synced the run) and leave out late precommitters.
 
 After a round that is not ok the replay goes on from that round's certified state if the store
-holds an attested checkpoint of it with the certified hash; else it stops, and the next round is
+holds a checkpoint of it with the certified hash, attested by its precommitters
+(`Replica.checkpoint_candidates`, most attested first); else it stops, and the next round is
 reported missing with those checkpoint IDs. The replay starts from the newest certified state
 before the range that the store holds, else from the genesis state (round 0): rounds before the
 range are replayed too, not reported.
 
 Every payload is loaded with the limits its commit allows (`payload_limits`: run, round, size)
-and every state with `state_limits`, checked before anything is allocated.
+and every state with `state_limits`, checked before anything is allocated. A payload that is in
+the store but fails to load breaks those limits for every member alike (a checkpoint is checked
+against its content-addressed ID when stored and again when loaded; only a copy damaged on this
+disk since would fail here alone, and the note gives the error).
 
-`audit_rounds` is the pure part: facts, genesis, a participant and two loaders in, reports out.
+Known limit: a round of sharded exchange (node/exchange/sharded.py) commits to Merkle roots of
+framed payloads, which are not checkpoints of the store, so such a round shows as missing here.
+
+`audit_rounds` is the pure part: a replica, a participant and two loaders in, reports out.
 `audit_data_dir` runs it over a node's data dir (run manifest, op log, checkpoint store), reading
 only, so it is safe beside a running daemon: the op log is append-only (a record still being
 written is left out) and every store write is atomic (a checkpoint removed meanwhile is missing).
@@ -47,18 +52,14 @@ written is left out) and every store write is atomic (a checkpoint removed meanw
 
 from __future__ import annotations
 
-import itertools
-import math
 import os
-from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from locomesh.crdt import Facts, Genesis, Replica, RunState, derive
-from locomesh.crdt.view import Certificate, checkpoint_candidates
+from locomesh.crdt import Certificate, Genesis, Replica, RunState
 from locomesh.protocol import ProtocolError
 from locomesh.protocol.runs import format_run_id, load_manifest
 from locomesh.training.checkpoint_manifest import CheckpointError, ManifestLimits
@@ -69,9 +70,6 @@ from locomesh.node.runs.store import RunStore
 from locomesh.node.transfer.store import is_missing, load_checkpoint, load_payload
 
 OK, MISMATCH, MISSING = "ok", "mismatch", "missing"
-# Equivocating authors in one set make one set per choice of their commits; past this many the
-# set is left unbuilt (a gap), so that equivocations cannot make an audit run for ever.
-MAX_VARIANTS = 64
 
 # (checkpoint ID, the limits it must keep) -> a payload's bytes, or a state's tensors by name.
 # Both raise `Missing` when the checkpoint is not (wholly) here, a `ValueError` when it is bad.
@@ -93,38 +91,40 @@ class RoundAudit:
 
     round: int
     verdict: str  # OK, MISMATCH or MISSING
-    certified: bytes  # the hash its certificate names
-    proposer: bytes | None = None  # ok: whose proposed set gives the certified hash
-    voters: tuple[bytes, ...] = ()  # mismatch: who signed the certificate
+    certified: bytes  # the state hash its certificate names
+    value: bytes  # the certified value's ID
+    authors: tuple[bytes, ...] = ()  # the value's payload authors
+    voters: tuple[bytes, ...] = ()  # mismatch: the precommitters of the certified (value, state)
     missing: tuple[bytes, ...] = ()  # missing: the checkpoint IDs (payloads or states) not here
-    bogus: tuple[bytes, ...] = ()  # the electorate members whose proposed set names an author with no commit
+    missing_authors: tuple[bytes, ...] = ()  # missing: the authors of the payloads not here
     note: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return {"round": self.round, "verdict": self.verdict, "certified": self.certified.hex(),
-                "proposer": None if self.proposer is None else self.proposer.hex(),
+                "value": self.value.hex(), "authors": [a.hex() for a in self.authors],
                 "voters": [v.hex() for v in self.voters], "missing": [m.hex() for m in self.missing],
-                "bogus": [b.hex() for b in self.bogus], "note": self.note}
+                "missing_authors": [a.hex() for a in self.missing_authors], "note": self.note}
 
 
-def audit_rounds(facts: Facts, genesis: Genesis, participant: Any, *, load_payload: PayloadLoader,
-                 load_state: StateLoader, first: int = 1, last: int | None = None) -> list[RoundAudit]:
-    """The verdicts on the certified rounds `first` to `last` (default: the newest certified), in
-    order; fewer if the replay had to stop (the last one then says why). `participant` holds the
-    genesis state (`Participant.for_run` of the run's manifest body) and is used up."""
-    return _Replay(facts, genesis, participant, load_payload, load_state).run(first, last)
+def audit_rounds(replica: Replica, participant: Any, *, load_payload: PayloadLoader, load_state: StateLoader,
+                 first: int = 1, last: int | None = None) -> list[RoundAudit]:
+    """The verdicts on the certified rounds `first` to `last` (default: the newest certified) of
+    `replica`'s chain, in order; fewer if the replay had to stop (the last one then says why).
+    `participant` holds the genesis state (`Participant.for_run` of the run's manifest body) and
+    is used up."""
+    return _Replay(replica, participant, load_payload, load_state).run(first, last)
 
 
 class _Replay:
-    def __init__(self, facts: Facts, genesis: Genesis, participant: Any, load_payload: PayloadLoader,
+    def __init__(self, replica: Replica, participant: Any, load_payload: PayloadLoader,
                  load_state: StateLoader) -> None:
-        self.facts, self.run_id, self.participant = facts, genesis.run_id, participant
-        self.state: RunState = derive(facts, genesis)
+        self.replica, self.chain, self.run_id = replica, replica.chain, replica.run_id
+        self.participant = participant
         self.load_payload, self.load_state = load_payload, load_state
         self.genesis_state = participant.snapshot()
 
     def run(self, first: int, last: int | None) -> list[RoundAudit]:
-        first, last = max(first, 1), self.state.round if last is None else min(last, self.state.round)
+        first, last = max(first, 1), self.chain.round if last is None else min(last, self.chain.round)
         reports: list[RoundAudit] = []
         if first > last:
             return reports
@@ -137,15 +137,16 @@ class _Replay:
             went_on, ids = self._adopt_certified(number)
             if not went_on:
                 if number < last:
-                    stopped = max(number + 1, first)
-                    reports.append(RoundAudit(stopped, MISSING, self._certificate(stopped).hash, missing=ids,
+                    stopped = self._certificate(max(number + 1, first))
+                    reports.append(RoundAudit(stopped.round, MISSING, stopped.state, stopped.value_id,
+                                              stopped.reading.authors, missing=ids,
                                               note=f"no certified state of round {number} in the store to go on "
                                                    "from: the audit stops here"))
                 break
         return reports
 
     def _certificate(self, number: int) -> Certificate:
-        return self.state.certificates[number]
+        return self.chain.certificates[number]
 
     # --- states ----------------------------------------------------------------------------------
 
@@ -164,7 +165,7 @@ class _Replay:
         unusable until something else is adopted."""
         absent = []
         limits = self.participant.state_limits(self.run_id, number)
-        for checkpoint in checkpoint_candidates(self.facts, self.state, number):
+        for checkpoint in self.replica.checkpoint_candidates(number):
             try:
                 tensors = self.load_state(checkpoint.id, limits)
             except Missing:
@@ -173,7 +174,7 @@ class _Replay:
             except ValueError:  # not a state of this run's round: its attesters were wrong
                 continue
             self.participant.adopt(tensors, number)
-            if self.participant.state_hash() == self._certificate(number).hash:
+            if self.participant.state_hash() == self._certificate(number).state:
                 return True, ()
         return False, tuple(absent)
 
@@ -183,100 +184,43 @@ class _Replay:
         """The verdict on round `number`, the participant holding round `number - 1`'s certified
         state; when ok, it holds round `number`'s after.
 
-        The round's ops are read as they are, not through the view's present eligibility or bans: a
-        key banned after the round, or a late join, changes nothing about what was computed then."""
+        The value's payloads are read from its certificate as they are, not through the view's
+        present bans: a key banned after the round changes nothing about what was computed then."""
         certificate = self._certificate(number)
-        before = self.participant.snapshot()  # the outer step never writes into arrays it handed out
-        gaps = _Gaps()
-        tried = 0
-        candidates = self._candidates(number, certificate, gaps)
-        for proposer, authors in candidates:
-            for payloads in self._builds(number, proposer, authors, gaps):
-                if tried:
-                    self.participant.adopt(before.tensors, number - 1)
-                tried += 1
-                try:
-                    self.participant.aggregate(payloads)
-                except ValueError:  # nothing valid to apply: an honest peer votes for no hash
-                    continue
-                if self.participant.state_hash() == certificate.hash:
-                    return RoundAudit(number, OK, certificate.hash, proposer=proposer)
-        bogus = tuple(sorted(gaps.bogus))
-        if gaps:  # a set not built here might give the hash: no verdict
-            return RoundAudit(number, MISSING, certificate.hash, missing=tuple(sorted(gaps.ids)), bogus=bogus,
-                              note="; ".join([*sorted(gaps.notes), *sorted(gaps.remarks)]))
-        summary = (f"none of the {len(candidates)} sets proposed by the electorate ({tried} computed) "
-                   "gives the certified hash")
-        return RoundAudit(number, MISMATCH, certificate.hash, voters=tuple(sorted(certificate.voters)), bogus=bogus,
-                          note="; ".join([summary, *sorted(gaps.remarks)]))
-
-    def _candidates(self, number: int, certificate: Certificate, gaps: _Gaps) -> list[tuple[bytes, tuple[bytes, ...]]]:
-        """(proposer, set) for each distinct set that a member of round `number`'s electorate
-        proposed, those the certificate's voters name in their votes first (most named first).
-        A named proposal that is not in the op log, or not the electorate's, is remarked on only
-        (module docstring)."""
-        electorate = frozenset().union(*certificate.attempts)
-        proposed = {p: sets for p, sets in self.facts.proposals_in(number).items() if p in electorate}
-        votes = self.facts.votes_in(number)
-        named = Counter(proposer for voter in certificate.voters for _attempt, _hash, proposer in votes.get(voter, ())
-                        if proposer)
-        for proposer in sorted(set(named) - set(proposed)):
-            why = "which this node's op log lacks" if proposer in electorate else "not of the round's electorate"
-            gaps.remarks.add(f"votes name a proposal by {proposer.hex()[:16]}, {why}")
-        ordered, seen = [], set()
-        for proposer in sorted(proposed, key=lambda p: (-named[p], p)):
-            for authors in sorted(proposed[proposer]):
-                if authors not in seen:
-                    seen.add(authors)
-                    ordered.append((proposer, authors))
-        return ordered
-
-    def _builds(self, number: int, proposer: bytes, authors: tuple[bytes, ...],
-                gaps: _Gaps) -> Iterator[dict[bytes, bytes]]:
-        """The payloads of `authors` by author, each way an honest peer could have aggregated them:
-        one, or one per choice among the commits of the authors that committed twice. None at all
-        when the set is bogus (an author with no commit: `gaps.bogus`) or has too many choices (a
-        gap); none of a choice whose payload is not here (a gap) or breaks the run's limits (every
-        honest peer refuses it)."""
-        commits = self.facts.commits_in(number)
-        choices = [sorted(commits.get(author, ())) for author in authors]
-        lacking = [author for author, said in zip(authors, choices) if not said]
-        if lacking:
-            gaps.bogus.add(proposer)
-            gaps.remarks.add(f"the set proposed by {proposer.hex()[:16]} is bogus: no commit of "
-                             + ", ".join(author.hex()[:16] for author in lacking))
-            return
-        if math.prod(map(len, choices)) > MAX_VARIANTS:
-            gaps.notes.add(f"the set proposed by {proposer.hex()[:16]} names too many authors with two commits to try")
-            return
-        loaded: dict[tuple[bytes, int], bytes | None] = {}  # commit -> its payload, None if it breaks the limits
-        for payload_id, size in sorted({commit for said in choices for commit in said}):
+        payloads = certificate.reading.payloads
+        report = RoundAudit(number, OK, certificate.state, certificate.value_id, certificate.reading.authors)
+        loaded: dict[bytes, bytes] = {}
+        absent: dict[bytes, bytes] = {}  # author -> payload ID
+        bad: dict[bytes, str] = {}  # author -> why its payload breaks the run's limits
+        for author, payload in sorted(payloads.items()):
             try:
-                loaded[(payload_id, size)] = self.load_payload(
-                    payload_id, self.participant.payload_limits(self.run_id, number, size))
+                limits = self.participant.payload_limits(self.run_id, number, payload.size)
+                loaded[author] = self.load_payload(payload.hash, limits)
             except Missing:
-                gaps.ids.add(payload_id)
-            except ValueError:
-                loaded[(payload_id, size)] = None
-        for variant in itertools.product(*choices):
-            payloads = [loaded.get(commit) for commit in variant]
-            if all(payload is not None for payload in payloads):
-                yield dict(zip(authors, payloads))
+                absent[author] = payload.hash
+            except ValueError as error:
+                bad[author] = str(error)
+        if bad:  # no honest member held this value, however the missing payloads look
+            return self._mismatch(report, "; ".join(
+                f"the payload of {author.hex()[:16]} breaks the run's limits ({why}): no honest member holds the value"
+                for author, why in sorted(bad.items())))
+        if absent:
+            return replace(report, verdict=MISSING, missing=tuple(sorted(set(absent.values()))),
+                           missing_authors=tuple(sorted(absent)),
+                           note=f"{len(absent)} of the value's {len(payloads)} payloads not in the store")
+        try:
+            self.participant.aggregate(loaded)
+        except ValueError as error:  # nothing valid to apply: an honest member computes no state
+            return self._mismatch(report, f"the value's {len(payloads)} payloads aggregate to nothing: {error}")
+        computed = self.participant.state_hash()
+        if computed == certificate.state:
+            return report
+        return self._mismatch(report, f"the value's {len(payloads)} payloads give state {computed.hex()[:16]}, "
+                                      f"not the certified {certificate.state.hex()[:16]}")
 
-
-class _Gaps:
-    """What kept a round's sets from being built here: checkpoint IDs not in the store, and notes
-    on them (both hold a verdict back); and what is only remarked on: the bogus sets' proposers
-    (`bogus`), and remarks."""
-
-    def __init__(self) -> None:
-        self.ids: set[bytes] = set()
-        self.notes: set[str] = set()
-        self.bogus: set[bytes] = set()
-        self.remarks: set[str] = set()
-
-    def __bool__(self) -> bool:
-        return bool(self.ids or self.notes)
+    def _mismatch(self, report: RoundAudit, note: str) -> RoundAudit:
+        """`report` as a mismatch: the precommitters of the certified (value, state), late ones too."""
+        return replace(report, verdict=MISMATCH, voters=tuple(sorted(self.chain.voters(report.round))), note=note)
 
 
 # --- over a node's data dir ---------------------------------------------------------------------
@@ -340,8 +284,7 @@ def audit_data_dir(data_dir: str | os.PathLike, run_id: bytes, *, first: int = 1
     except ParticipantError as error:
         raise AuditError(f"this node cannot compute run {format_run_id(run_id)}: {error}") from None
     load_pay, load_st = store_loaders(store)
-    reports = audit_rounds(replica.facts, replica.genesis, participant, load_payload=load_pay, load_state=load_st,
-                           first=first, last=last)
+    reports = audit_rounds(replica, participant, load_payload=load_pay, load_state=load_st, first=first, last=last)
     return replica.state, reports
 
 

@@ -1,6 +1,6 @@
-"""What the round machine (`machine`) reads and asks for: its phases, the events fed to it
-and the actions it returns. Plain frozen values, no behaviour: the machine, the service that
-carries out its actions (`participation`), the simulator and the tests all speak them.
+"""What the round machine (`machine`) reads and asks for: its phases, the events fed to it and the
+actions it returns. Plain frozen values, no behaviour: the machine, the service that carries out
+its actions (`participation`), the simulator and the tests all speak them.
 """
 
 from __future__ import annotations
@@ -14,13 +14,10 @@ Author = bytes
 
 
 class Phase(enum.Enum):
-    IDLE = "idle"  # holds the state of the certified round; not (yet) eligible for the next one
+    IDLE = "idle"  # holds the state of the certified round; not training the next one (yet)
     TRAIN = "train"  # inner steps under way
-    COLLECT = "collect"  # committed; waiting for the cutoff and the others' payloads
-    PROPOSE = "propose"  # cut off; waiting for the round's proposal and the payloads it names
-    REPLAY = "replay"  # our round was certified without us: fetching the rest of a proposal to rebuild it
-    AGGREGATE = "aggregate"  # outer step under way
-    VOTED = "voted"  # waiting for the round's certificate
+    COMMITTED = "committed"  # our payload is out; the round's agreement decides (node/agreement/)
+    REPLAY = "replay"  # the round was certified with a value we did not compute: computing it
     SYNC = "sync"  # fetching the certified state
 
 
@@ -28,31 +25,28 @@ class Phase(enum.Enum):
 
 
 @dataclass(frozen=True)
+class Decided:
+    """The certificate of a round: its value's ID and payload authors, and the certified state hash."""
+
+    round: int
+    value_id: bytes
+    authors: tuple[Author, ...]
+    state_hash: bytes
+
+
+@dataclass(frozen=True)
 class Observation:
-    """What the run state says now. `commits`, `electorate` and the rest are for round `certified + 1`."""
+    """What the run state says now. `commits` and the rest are for round `certified + 1`."""
 
     now: float
     certified: int  # newest certified round (0: none yet; the genesis state)
     certified_hash: bytes | None  # its state hash (None for round 0)
-    electorate: frozenset[Author]  # who votes and proposes in round certified + 1 (its current attempt)
     commits: dict[Author, tuple[PayloadId, int]]  # round certified + 1: author -> (payload ID, size)
-    proposals: dict[Author, tuple[Author, ...]] = field(default_factory=dict)  # round certified + 1
-    certified_proposals: dict[Author, tuple[Author, ...]] = field(default_factory=dict)  # round certified
-    unreachable: frozenset[Author] = frozenset()  # committed authors we hold no connection to right now
-    unconfirmed: frozenset[Author] = frozenset()  # committed authors our own set must leave out for now (sharded)
-    lapsed: bool = False  # we are a member left out of the contributors for want of activity: join again
-    contributors: frozenset[Author] | None = None  # who may commit (None: the electorate)
-    attempt: int = 0  # the current attempt of round certified + 1 (crdt/electorate.py)
-    seed: bytes = b""  # randomness no key could know when it was made: the certified hash, or the run ID
-    member: bool = True  # our newest join/leave is a join (a leave while sitting out turns it off)
+    may_contribute: bool = True  # our payload may be in round certified + 1's value
+    rejoin: bool = False  # we are on no roster and have no join pending: join again
     sit_out: bool = False  # this node contributes to no round for now (paused, or outside its schedule)
-    standing: frozenset[Author] = frozenset()  # who holds a standing vote in the current attempt
-    split_votes: dict[Author, int] = field(default_factory=dict)  # proposer -> votes naming it in the latest split attempt
-
-    @property
-    def able(self) -> frozenset[Author]:
-        """Who may commit in round certified + 1."""
-        return self.electorate if self.contributors is None else self.contributors
+    eligible: int = 1  # keys that may contribute to round certified + 1 (for the run's min_peers)
+    decided: dict[int, Decided] = field(default_factory=dict)  # certified rounds past our state, by round
 
 
 @dataclass(frozen=True)
@@ -73,19 +67,13 @@ class Fetched:
 
 
 @dataclass(frozen=True)
-class Aggregated:
-    round: int
-    state_hash: bytes | None  # None: nothing valid to aggregate (every payload was rejected)
-    now: float
-
-
-@dataclass(frozen=True)
-class Withheld:
-    """Sharded exchange: nobody serves `author`'s part of the set being aggregated, so it cannot
-    be aggregated (as a payload of the followed set that failed its fetches in allgather)."""
+class Computed:
+    """The state hash the aggregate of value `value_id` of round `round` gives here (None: it could
+    not be computed): for the agreement's precommit, or a replay."""
 
     round: int
-    author: Author
+    value_id: bytes
+    state_hash: bytes | None
     now: float
 
 
@@ -96,7 +84,7 @@ class Synced:
     now: float
 
 
-Event = Union[Observation, Trained, Fetched, Aggregated, Withheld, Synced]
+Event = Union[Observation, Trained, Fetched, Computed, Synced]
 
 
 # --- outputs ---------------------------------------------------------------------------------------
@@ -123,33 +111,21 @@ class Fetch:
 
 
 @dataclass(frozen=True)
-class PublishProposal:
+class Replay:
+    """Compute the certified value of `round` ourselves (we hold every payload it names): cheaper
+    than downloading the state."""
+
     round: int
+    value_id: bytes
     authors: tuple[Author, ...]
 
 
 @dataclass(frozen=True)
-class StartAggregate:
-    round: int
-    authors: tuple[Author, ...]  # whose payloads to aggregate (ours included), sorted
-    last_commit: float = 0.0  # when the last of their commits was seen (for the exchange timing)
-    replay: bool = False  # a round certified without us, aggregated to adopt its state
-
-
-@dataclass(frozen=True)
-class PublishVote:
-    round: int
-    state_hash: bytes
-    proposer: Author | None = None  # whose proposal we aggregated
-    attempt: int = 0  # the attempt we vote in (a vote stands until its attempt splits)
-
-
-@dataclass(frozen=True)
-class PublishTimeout:
-    """Attempt `attempt` of round `round` passed the run's round deadline on our clock, uncertified."""
+class Adopt:
+    """Take the state we computed for value `value_id` of `round` as the run's (it is the certified one)."""
 
     round: int
-    attempt: int
+    value_id: bytes
 
 
 @dataclass(frozen=True)
@@ -160,7 +136,7 @@ class StartSync:
 
 @dataclass(frozen=True)
 class StopTraining:
-    """Stop the inner steps of `round` (keep its fetches): the round is being replayed."""
+    """Stop the inner steps of `round` (keep its fetches): the round is decided without them."""
 
     round: int
 
@@ -174,31 +150,20 @@ class Discard:
 
 @dataclass(frozen=True)
 class PublishJoin:
-    """Join the run again, from `round`: our membership lapsed (we only synced for a while), or we
-    sat rounds out and take part again."""
-
-    round: int
-
-
-@dataclass(frozen=True)
-class PublishLeave:
-    """Leave the contributors after certified round `round` to sit rounds out: nobody waits for our
-    payload or our vote meanwhile; we keep syncing, and `PublishJoin` when we take part again."""
+    """Join the run again from `round`: we are on no roster (we left, or were gone long)."""
 
     round: int
 
 
 @dataclass(frozen=True)
 class RoundDone:
-    """Round `round` was certified with our hash (or adopted by a sync): for progress reports."""
+    """Round `round` was certified and we hold its state: for progress reports."""
 
     round: int
     state_hash: bytes
-    contributors: int  # payloads we aggregated (0 after a sync)
+    contributors: int  # payloads of its value (0 after a sync)
     synced: bool
 
 
-Action = Union[
-    StartTraining, PublishCommit, Fetch, PublishProposal, StartAggregate, PublishVote, PublishTimeout, StartSync,
-    StopTraining, Discard, PublishJoin, PublishLeave, RoundDone,
-]
+Action = Union[StartTraining, PublishCommit, Fetch, Replay, Adopt, StartSync, StopTraining, Discard, PublishJoin,
+               RoundDone]

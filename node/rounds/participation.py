@@ -1,24 +1,19 @@
-"""Taking part in one run: the trio layer that carries out the round machine's actions.
+"""Taking part in one run: the trio layer that drives the round machine and the agreement seat.
 
-`RoundMachine` (machine.py) decides; this module does the I/O it asks for, and nothing
-else:
+Two sans-IO machines decide; this module does the I/O they ask for, and nothing else:
 
-- training and the outer step run in a worker thread (torch and numpy release the GIL), one at a
-  time under `_compute`, so a discarded round's thread finishes before a sync touches the state;
-- with one-round-delayed outer updates (the run's `delayed_updates`), training runs under a lock
-  of its own instead (`_training`): once round r's payload is made, round r+1's inner steps start
-  at once, from `Participant.delayed_start` (a `TrainingAhead`), while round r is exchanged, aggregated
-  and certified; when the machine then starts round r+1, its payload is (nearly) ready;
-- each round's exchange (allgather or sharded, node/exchange/) stores our payload, checks the
-  others' and gathers what the outer step needs (`exchange`); commits, proposals, votes,
-  timeouts and checkpoint attestations are CRDT ops (`CrdtService.write`);
-- the round's state stewards store each new state, every voter attests it, and a sync loads the
-  certified one (`states`);
-- with contribution scoring on, a member on a certified round's scoring committee measures and
-  signs the round's contributions beside the next round's work (`scoring`).
+- the round machine (machine.py) trains, commits, fetches and adopts each certified round;
+  its actions are carried out here (`_carry_out`): training in a worker thread (training.py), the
+  exchange's fetches and stores (node/exchange/), syncs (`states`), the round's record;
+- the agreement seat (node/agreement/seat.py) runs Tendermint over the replica for the round under
+  way; its ops and questions are carried out in deciding.py;
+- the round's state stewards store each new state, every member that computed it attests it
+  (`states`); with contribution scoring on, a member on a certified round's scoring committee
+  measures and signs the round's contributions beside the next round's work (`scoring`).
 
-The loop wakes on every completion and at least every `POLL_SECONDS`, hands the machine an
-`Observation` of the replica, and carries out what comes back.
+The loop wakes on every completion, on every op the replica applies, when the seat's next timer
+is due, and at least every `POLL_SECONDS`; it shows both machines the replica and carries out
+what comes back.
 """
 
 from __future__ import annotations
@@ -32,42 +27,46 @@ from typing import Any, Awaitable, Callable
 import trio
 
 from locomesh.crdt import Replica
-from locomesh.crdt.electorate import split_votes
 from locomesh.protocol import peer_id_from_public_key
 from locomesh.protocol.runs import short_run_id
 from locomesh.training.contract import RoundParticipant
 from locomesh.training.run_settings import ParticipantError, TrainingDiverged
 
+from locomesh.node.agreement.seat import Seat
 from locomesh.node.datasets.service import RunData
-from locomesh.node.files import atomic_write
-from locomesh.node.rounds import machine as rm
-from locomesh.node.rounds.meeting import catch_up
-from locomesh.node.rounds.outcome import Outcome, outcome_of, refusal
 from locomesh.node.exchange.allgather import PayloadExchange
 from locomesh.node.exchange.seam import RoundExchange
 from locomesh.node.exchange.shard_transfer import ShardHoldings
-from locomesh.node.exchange.sharded import ProposalWithheld, ShardedExchange
-from locomesh.node.rounds.scoring import RoundScorer
-from locomesh.node.rounds.states import StateKeeper
-from locomesh.node.rounds.status import participation_status, round_clock, waiting_on
-from locomesh.node.transfer.download import Offload
-from locomesh.node.transfer.held import HeldCheckpoints
-from locomesh.node.rounds.work import RoundRecord, RoundWork, TrainingAhead
+from locomesh.node.exchange.sharded import ShardedExchange
+from locomesh.node.exchange.work import RoundWork
+from locomesh.node.files import atomic_write
 from locomesh.node.peer_scores import PeerScores
 from locomesh.node.replication.service import CrdtService
+from locomesh.node.rounds import machine as rm
+from locomesh.node.rounds.deciding import Deciding
+from locomesh.node.rounds.meeting import catch_up
+from locomesh.node.rounds.outcome import Outcome, outcome_of
+from locomesh.node.rounds.scoring import RoundScorer
+from locomesh.node.rounds.states import StateKeeper
+from locomesh.node.rounds.status import participation_status, waiting_on
+from locomesh.node.rounds.training import Training
+from locomesh.node.rounds.work import RoundRecord, TrainingAhead
 from locomesh.node.runtime import Node
+from locomesh.node.transfer.download import Offload
+from locomesh.node.transfer.held import HeldCheckpoints
 
 logger = logging.getLogger(__name__)
 
 Compute = Callable[..., Awaitable[Any]]
 
-POLL_SECONDS = 0.2  # the machine sees the time at least this often (and at once after news)
+POLL_SECONDS = 0.2  # the machines see the time at least this often (and at once after news)
 SCHEDULE_SECONDS = 10.0
 SYNC_TIMEOUT = 300.0
 HISTORY = 100
+AGREEMENT_HISTORY = 8  # rounds whose agreement time (first commit to certificate) sets the timeouts
 
 
-class RunParticipation:
+class RunParticipation(Training, Deciding):
     """This node's part in one run, from `run()` until it is cancelled (a leave, or shutdown)."""
 
     def __init__(self, node: Node, crdt: CrdtService, replica: Replica, participant: RoundParticipant,
@@ -91,7 +90,10 @@ class RunParticipation:
         self.scores = scores
         self.me = node.identity.public_key
         self.machine = rm.RoundMachine(self.me, timing=timing)
+        self.seat = Seat(self.me, timeouts=self.timeouts, recover_after=self.recover_after)
         self.history: deque[RoundRecord] = deque(maxlen=HISTORY)
+        self.agreements: deque[float] = deque(maxlen=AGREEMENT_HISTORY)  # first commit -> certificate, seconds
+        self._first_commit: tuple[int, float] | None = None  # (round under way, when its first commit was seen)
         self.work: RoundWork | None = None
         self.syncs: list[trio.CancelScope] = []
         self.payloads_sent = 0
@@ -100,11 +102,12 @@ class RunParticipation:
         self.resuming = False  # taken up again at a start: catch the run up before acting (`run`)
         self.banned: str | None = None  # why, once the run banned our key (the participation stopped)
         self.paused = False  # `run pause`: sit rounds out until `run resume` (the service sets it)
+        self.leaving = False  # `run leave` or a graceful stop: train no more, vote until the leave is in
         self.schedule: Callable[[], str | None] = lambda: None  # why the node's schedule sits rounds out now, or None
         self._schedule_said: tuple[float, str | None] = (-math.inf, None)  # (when asked, its answer)
         self._compute = trio.Lock()
         self.delayed = participant.settings.delayed_updates
-        self._training = trio.Lock() if self.delayed else self._compute  # see the module docstring
+        self._training = trio.Lock() if self.delayed else self._compute  # see training.py
         self._ahead: TrainingAhead | None = None
         self._peer_ids: dict[bytes, str] = {}  # author key -> peer ID (derived once)
         self._events_in, self._events = trio.open_memory_channel[rm.Event](math.inf)
@@ -147,20 +150,24 @@ class RunParticipation:
                 if self._stop_if_banned(nursery):
                     return
                 self._carry_out(self.machine.handle(self._observe()))
+                self._agree()
                 event = await self._next_event()
                 if event is not None:
                     self._carry_out(self.machine.handle(event))
 
     async def _next_event(self) -> rm.Event | None:
-        """The next completion, or None once POLL_SECONDS passed or the replica applied an op (a
-        commit, a proposal or a vote arrived: the machine should look now, not at the next poll)."""
-        with trio.move_on_after(POLL_SECONDS) as waiting:
+        """The next completion, or None once POLL_SECONDS passed (sooner if the seat's timer is due)
+        or the replica applied an op (a commit, a proposal or a vote arrived: look now)."""
+        due = self.seat.next_wakeup()
+        wait = POLL_SECONDS if due is None else min(POLL_SECONDS, max(0.0, due - trio.current_time()))
+        with trio.move_on_after(wait) as waiting:
             self._news = waiting
             return await self._events.receive()
         return None
 
     def _stop_if_banned(self, nursery: trio.Nursery) -> bool:
-        """Once the run bans our key nothing we write counts: stop all work (phase "banned")."""
+        """Once the run bans our key (or the op log proves we equivocated) nothing we write counts:
+        stop all work (phase "banned")."""
         self.banned = self.banned or self.replica.ban_reason(self.me)
         if self.banned is not None:
             logger.warning("run %s: training stopped: this node's key is banned (%s)", short_run_id(self.run_id),
@@ -174,30 +181,43 @@ class RunParticipation:
             self._news.deadline = -math.inf
 
     def _observe(self) -> rm.Observation:
-        state = self.replica.state
-        next_round = state.round + 1
-        commits = self.replica.commits(next_round)
-        history = self.replica.history(next_round)
+        chain = self.replica.chain
+        tip = chain.tip
+        self._time_agreements(tip.round)
+        contributors = self.replica.contributors(tip.round)
+        self.machine.fetching = self.me in tip.electorate
+        decided = {}
+        certificate = chain.certificates.get(self.machine.state_round + 1)
+        if certificate is not None:
+            decided[certificate.round] = rm.Decided(certificate.round, certificate.value_id,
+                                                    tuple(sorted(certificate.accepted)), certificate.state)
         return rm.Observation(
             now=trio.current_time(),
-            certified=state.round,
-            certified_hash=state.rounds[-1][1] if state.rounds else None,
-            electorate=history[-1].electorate,
-            commits=commits,
-            proposals=self.replica.proposals(next_round),
-            certified_proposals=self.replica.proposals(state.round) if state.round else {},
-            unreachable=frozenset(author for author in commits if author != self.me and not self._connected(author)),
-            unconfirmed=self.exchange.unconfirmed(self.work if self.work and self.work.round == next_round else None,
-                                                  commits),
-            lapsed=self.replica.lapsed(self.me, next_round),
-            contributors=frozenset(self.replica.contributors(next_round)),
-            attempt=len(history) - 1,
-            seed=self.states.seed(next_round),
-            member=self.me in state.members,
-            sit_out=self.sitting_out() is not None,
-            standing=frozenset(history[-1].standing),
-            split_votes=split_votes(history),
+            certified=chain.round,
+            certified_hash=chain.state_of(chain.round),
+            commits=self.replica.commits(tip.round),
+            may_contribute=self.me in contributors and not self.leaving,
+            rejoin=self._must_rejoin() and not self.leaving,
+            sit_out=self.sitting_out() is not None or self.leaving,
+            eligible=len(contributors | self.replica.joining()),  # a join waiting counts for min_peers
+            decided=decided,
         )
+
+    def _time_agreements(self, tip_round: int) -> None:
+        """Note how long each round's agreement took as seen here, from its first commit seen to its
+        certificate, for every round this node sees go by (syncing or not): a node that just joined
+        learns the run's pace from the rounds it watches (deciding.py: `timeouts`)."""
+        seen = self._first_commit
+        if seen is not None and seen[0] < tip_round:
+            self.agreements.append(trio.current_time() - seen[1])
+            seen = None
+        if seen is None and self.replica.facts.in_round("commit", tip_round):
+            seen = (tip_round, trio.current_time())
+        self._first_commit = seen
+
+    def _must_rejoin(self) -> bool:
+        """On no roster, and no join of ours waits: the roster let us go (or we left)."""
+        return self.me not in self.replica.chain.tip.membership.roster and self.me not in self.replica.joining()
 
     def sitting_out(self) -> str | None:
         """Why this node contributes to no round now (paused, or its schedule says so), or None. The
@@ -222,25 +242,15 @@ class RunParticipation:
         """The machine's phase, or what stopped the participation, or that it sits rounds out."""
         if self.failure or self.banned:
             return "failed" if self.failure else "banned"
+        if self.leaving:
+            return "leaving"
         if self.machine.phase is rm.Phase.IDLE and self.sitting_out() is not None:
             return "paused" if self.paused else "sitting out"
         return self.machine.phase.value
 
     def _waiting(self) -> dict[str, Any]:
         """What the round waits for, and on whom (peer IDs)."""
-        reason = self.sitting_out()
-        if reason is not None and self.machine.phase is rm.Phase.IDLE:
-            return {"for": f"nothing: this node sits rounds out, {reason}", "on": []}
-        state = self.replica.state
-        what, on = waiting_on(self.machine, frozenset(self.replica.votes(state.round + 1)))
-        # Not us: what we wait on ourselves (our inner steps, our outer step) the words say.
-        peers = sorted(self._peer_id(author) for author in on if author != self.me)
-        return {"for": what, "on": peers, "unreachable": [peer for peer in peers if peer not in self.node.peers],
-                **round_clock(self.machine, trio.current_time())}
-
-    def _waiting_text(self) -> str:
-        waiting = self._waiting()
-        return waiting["for"] + (f" from {', '.join(waiting['on'])}" if waiting["on"] else "")
+        return waiting_on(self)
 
     def _peer_id(self, author: bytes) -> str:
         peer_id = self._peer_ids.get(author)
@@ -248,63 +258,57 @@ class RunParticipation:
             peer_id = self._peer_ids[author] = peer_id_from_public_key(author)
         return peer_id
 
-    # --- actions ------------------------------------------------------------------------------
+    # --- the round machine's actions ----------------------------------------------------------------
 
     def _carry_out(self, actions: list[rm.Action]) -> None:
         for action in actions:
             match action:
                 case rm.StartTraining(round=r):
-                    self.work = RoundWork(r, trio.current_time(), exchange=self.exchange.choose(r))
+                    self._work_for(r).training = True
                     self._start(self.work.tasks, self._train, self.work)
                 case rm.PublishCommit(round=r, payload_id=payload_id, size=size):
                     self.crdt.write(self.run_id, "commit", round=r, hash=payload_id, size=size)
                     self.work.committed = True
-                case rm.Fetch(author=author, payload_id=payload_id, size=size):
-                    self._start(self.work.fetches, self._fetch, self.work, author, payload_id, size)
-                case rm.PublishProposal(round=r, authors=authors):
-                    logger.info("round %d: proposing the set of %d payloads", r, len(authors))
-                    self.crdt.write(self.run_id, "propose", round=r, authors=list(authors))
-                case rm.StartAggregate(round=r, authors=authors, last_commit=last_commit, replay=True):
-                    logger.info("round %d: certified without us; replaying its %d payloads", r, len(authors))
-                    self._start(self.work.tasks, self._aggregate, self.work, authors, last_commit)
-                case rm.StartAggregate(round=r, authors=authors, last_commit=last_commit):
-                    logger.info("round %d: aggregating %d payloads, %.2f s after the last commit", r, len(authors),
-                                trio.current_time() - last_commit)
-                    self.work.cancel(fetches_only=True)
-                    self._start(self.work.tasks, self._aggregate, self.work, authors, last_commit)
-                case rm.PublishVote(round=r, state_hash=state_hash, proposer=proposer, attempt=attempt):
-                    fields = {} if proposer is None else {"proposer": proposer}
-                    if attempt:
-                        logger.info("round %d: voting again in attempt %d (the attempt before split)", r, attempt)
-                    self.crdt.write(self.run_id, "vote", round=r, hash=state_hash, attempt=attempt, **fields)
-                case rm.PublishTimeout(round=r, attempt=attempt):
-                    logger.warning("round %d: attempt %d passed its deadline (%.0f s) uncertified; waiting for %s",
-                                   r, attempt, self.machine.deadline(), self._waiting_text())
-                    self.crdt.write(self.run_id, "timeout", round=r, attempt=attempt)
+                case rm.Fetch(round=r, author=author, payload_id=payload_id, size=size):
+                    self._start_fetch(self._work_for(r), author, payload_id, size)
+                case rm.Replay(round=r, value_id=value_id, authors=authors):
+                    logger.info("round %d: certified with a value we did not compute; computing its %d payloads", r,
+                                len(authors))
+                    self._start(self._work_for(r).tasks, self._compute_value, r, value_id, authors)
+                case rm.Adopt(round=r, value_id=value_id):
+                    self._adopt(r, value_id)
                 case rm.StartSync(round=r, state_hash=state_hash):
                     for scope in self.syncs:
                         scope.cancel()
                     self._start(self.syncs, self._sync, r, state_hash)
                 case rm.StopTraining(round=r):
-                    self.work.cancel(training_only=True)
+                    if self.work is not None and self.work.round == r:
+                        self.work.cancel(training_only=True)
                     self._cancel_ahead(r)
                 case rm.Discard():
                     if self.work is not None:
                         self.work.cancel()
                     self._cancel_ahead()
                 case rm.PublishJoin(round=r):
-                    logger.info("run %s: joining the contributors again from round %d", short_run_id(self.run_id), r)
+                    logger.info("run %s: joining again from round %d", short_run_id(self.run_id), r)
                     self.crdt.write(self.run_id, "join", round=r)
-                case rm.PublishLeave(round=r):
-                    logger.info("run %s: sitting rounds out after round %d: %s", short_run_id(self.run_id), r,
-                                self.sitting_out())
-                    self._cancel_ahead()
-                    self.crdt.write(self.run_id, "leave", round=r)
                 case rm.RoundDone(round=r, synced=synced):
+                    self._round_done(action, synced)
                     self._start([], self._record, action, self.work, outcome_of(self, r))  # now, while the work is r's
-                    work = self.work
-                    if not synced and work is not None and work.round == r and work.scoring_base is not None:
-                        self._start([], self.scoring.score, r, work.scoring_base, work.aggregated, work.payloads)
+
+    def _round_done(self, done: rm.RoundDone, synced: bool) -> None:
+        work = self.work
+        if work is not None and work.round == done.round and not synced:
+            if work.scoring_base is not None:
+                self._start([], self.scoring.score, done.round, work.scoring_base, work.aggregated, work.payloads)
+
+    def _work_for(self, round_number: int) -> RoundWork:
+        """The work of round `round_number` (a new one if the participation is on another round)."""
+        if self.work is None or self.work.round != round_number:
+            if self.work is not None:
+                self.work.cancel(fetches_only=True)
+            self.work = RoundWork(round_number, trio.current_time(), exchange=self.exchange.choose(round_number))
+        return self.work
 
     def _start(self, scopes: list[trio.CancelScope], function: Any, *args: Any) -> None:
         """Run `function(*args)` in the background under a new cancel scope added to `scopes`."""
@@ -322,131 +326,36 @@ class RunParticipation:
     def _emit(self, event: rm.Event) -> None:
         self._events_in.send_nowait(event)
 
-    # --- the work -----------------------------------------------------------------------------
+    # --- fetching, syncing, recording ---------------------------------------------------------------
 
-    async def _train(self, work: RoundWork) -> None:
-        contribution = await self.exchange.committed_before(work)
-        if contribution is not None:
-            self._cancel_ahead()
-        elif self.delayed:
-            contribution = await self._train_delayed(work)
-        else:
-            data = await self._round_data(work.round)
-            async with self._training:
-                contribution = await self.compute(self.participant.train, *self._train_args(work, None, data))
-        work.payload_id, work.payload_size = await self.exchange.store(work, contribution.payload)
-        work.train_loss, work.train_seconds = contribution.train_loss, contribution.seconds
-        work.payloads[self.me] = contribution.payload
-        self.payloads_sent += 1
-        self._emit(rm.Trained(work.round, work.payload_id, work.payload_size, contribution.seconds, trio.current_time()))
-
-    async def _train_delayed(self, work: RoundWork) -> Any:
-        """This round's contribution, trained ahead if it was (else now, from θ); then the next
-        round's inner steps start, from θ moved by this contribution (`Participant.delayed_start`)."""
-        ahead = self._ahead
-        if ahead is not None and ahead.round == work.round and (ahead.exchange == "sharded") == work.sharded:
-            await ahead.done.wait()
-            contribution = ahead.contribution
-            work.trained_ahead = contribution is not None
-        else:
-            self._cancel_ahead()
-            contribution = None
-        if contribution is None:
-            data = await self._round_data(work.round)
-            async with self._training:
-                contribution = await self.compute(self.participant.train, *self._train_args(work, None, data))
-        async with self._compute:  # θ is the state this round's aggregate will land on until that runs
-            start = await self.compute(self.participant.delayed_start, contribution)
-        self._ahead = TrainingAhead(work.round + 1, exchange=self.exchange.predict(work.round + 1))
-        self._start(self._ahead.scopes, self._train_ahead, self._ahead, start)
-        return contribution
-
-    async def _train_ahead(self, ahead: TrainingAhead, start: Any) -> None:
-        try:
-            data = await self._round_data(ahead.round)
-            async with self._training:
-                ahead.contribution = await self.compute(self.participant.train, ahead.stop.is_set, start, data,
-                                                        *((True,) if ahead.exchange == "sharded" else ()))
-        finally:
-            ahead.done.set()
-
-    @staticmethod
-    def _train_args(work: RoundWork, start: Any, data: Any) -> tuple[Any, ...]:
-        """`Participant.train`'s arguments for `work`'s round: a sharded round's payload is cut
-        at shard boundaries (`sharded=True`)."""
-        return (work.stop_training.is_set, start, data, *((True,) if work.sharded else ()))
-
-    async def _round_data(self, round_number: int) -> Any:
-        """The tokens of the shards round `round_number` assigns us (None for a run without a
-        dataset); the next round's start coming in meanwhile (`RunData.prefetch`)."""
-        if self.data is None:
-            return None
-        roster = self.replica.contributors(round_number)
-        shards = await self.data.shards(round_number, roster)
-        self._start([], self.data.prefetch, round_number + 1, roster)
-        return shards
-
-    def _cancel_ahead(self, round_number: int | None = None) -> None:
-        """Stop training ahead (only if it is for `round_number`, when given): its base is gone."""
-        ahead = self._ahead
-        if ahead is not None and round_number in (None, ahead.round):
-            ahead.cancel()
-            self._ahead = None
+    def _start_fetch(self, work: RoundWork, author: bytes, payload_id: bytes, size: int) -> None:
+        """Fetch `author`'s committed payload unless a fetch of it is under way."""
+        if author in work.fetched_ok or (author in work.fetching and not work.fetching[author].is_set()):
+            return
+        work.fetching[author] = trio.Event()
+        self._start(work.fetches, self._fetch, work, author, payload_id, size)
 
     async def _fetch(self, work: RoundWork, author: bytes, payload_id: bytes, size: int) -> None:
         """Check that one committed payload is there (`RoundExchange.fetch`) and tell the machine;
-        then wait until it would outlive its author (`RoundExchange.confirm`: our own set may name
-        it from then on, which the machine sees at its next look)."""
-        started = trio.current_time()
-        there = await self.exchange.fetch(work, author, payload_id, size)
-        if there:
-            work.arrived[author] = trio.current_time()
+        then wait until it would outlive its author (`RoundExchange.confirm`: our own value may name
+        it from then on, which the seat sees at its next look)."""
+        started, there = trio.current_time(), False
+        try:
+            there = await self.exchange.fetch(work, author, payload_id, size)
+        finally:
+            if there:
+                work.fetched_ok.add(author)
+                work.arrived[author] = trio.current_time()
+            else:
+                work.fetch_failures[author] = work.fetch_failures.get(author, 0) + 1
+            if author in work.fetching:  # `_start_fetch`'s: whoever waits for this fetch
+                work.fetching[author].set()
         logger.debug("round %d: payload of %s %s after %.2f s", work.round, self._peer_id(author),
                      "fetched" if there else "not fetched", trio.current_time() - started)
         self._emit(rm.Fetched(work.round, author, there, trio.current_time()))
         if there:
             await self.exchange.confirm(work, author)
             self._on_news()
-
-    async def _aggregate(self, work: RoundWork, authors: tuple[bytes, ...], last_commit: float) -> None:
-        """The outer step and the vote; then, off the critical path, the state checkpoint. The
-        vote names the new state's hash, computed in memory; compressing and storing the state
-        runs while the next round trains (a snapshot of the state: the outer step never writes
-        into arrays it handed out)."""
-        async with self._compute:  # the state this set's step starts from (sharded seats aggregate on it)
-            if work.before is None:
-                work.before = self.participant.snapshot()
-            else:  # voting again after a split: this set's step starts from the round's state too
-                self.participant.adopt(work.before.tensors, work.before.round)
-        try:
-            gathered = await self.exchange.gather(work, authors, electorate=self.replica.electorate(work.round))
-        except ProposalWithheld as withheld:
-            logger.warning("round %d: the set cannot be aggregated: %s", work.round, withheld)
-            self._emit(rm.Withheld(work.round, withheld.author, trio.current_time()))
-            return
-        except ValueError as error:  # a shard with no valid contribution: nothing to apply
-            logger.warning("round %d: no aggregate: %s", work.round, error)
-            self._emit(rm.Aggregated(work.round, None, trio.current_time()))
-            return
-        arrivals = [work.arrived[author] for author in authors if author in work.arrived]
-        work.fetch_seconds = max(0.0, max(arrivals, default=last_commit) - last_commit)
-        state_hash = snapshot = None
-        async with self._compute:
-            try:
-                if self.scoring.enabled and not work.sharded:  # θ before this step: what the round's contributions are scored on
-                    work.scoring_base, work.aggregated = self.participant.scoring_base(), authors
-                started = trio.current_time()
-                work.refused = refusal(await self.exchange.apply(work, gathered, self.compute), self.me)
-                work.aggregate_seconds = trio.current_time() - started
-                work.exchange_seconds = trio.current_time() - last_commit
-                state_hash = await self.compute(self.participant.state_hash)
-                snapshot = self.participant.snapshot()
-            except ValueError as error:  # EmptyRoundError, AggregatorError: nothing valid to apply
-                logger.warning("round %d: no aggregate: %s", work.round, error)
-        self._emit(rm.Aggregated(work.round, state_hash, trio.current_time()))
-        if snapshot is not None:
-            assert self._nursery is not None
-            self.states.store_later(self._nursery, work.round, snapshot, state_hash)
 
     async def _sync(self, round_number: int, state_hash: bytes) -> None:
         adopted = None
@@ -467,14 +376,13 @@ class RunParticipation:
     async def export(self, directory: Path) -> dict[str, Any]:
         """Write the model of the state we hold into `directory` (`RoundParticipant.export_files`),
         with the dataset's tokenizer; {"round", "files"}. `ParticipantError` unless that state is
-        the certified one (a state we voted for may not be certified; once it is, export again)."""
+        the certified one (a state we computed may not be certified; once it is, export again)."""
         async with self._compute:  # the state stays the one checked while its files are made
-            certified = self.replica.state.round
+            chain = self.replica.chain
             round_number, state_hash = self.machine.state_round, self.machine.state_hash
-            certificate = self.replica.state.certificates.get(round_number)
-            if round_number != certified or (certificate is not None and certificate.hash != state_hash):
+            if round_number != chain.round or (round_number and chain.state_of(round_number) != state_hash):
                 raise ParticipantError(f"this node holds the state of round {round_number}, not the certified "
-                                       f"round {certified}'s yet; export again once it synced")
+                                       f"round {chain.round}'s yet; export again once it synced")
             tokenizer = None if self.data is None else await self.offload(self.data.tokenizer)
             files = await self.compute(self.participant.export_files, tokenizer)
         for name, contents in files.items():

@@ -1,9 +1,9 @@
 """Pausing a run: the service's side of `run.pause` / `run.resume`, and where it is remembered.
 
-A paused participation goes on: it keeps the run's state current (every certified round is synced,
-`machine.RoundMachine._sit_out`), but after the round under way it contributes to none: it leaves
-the contributors, so no round waits for its payload or its vote. Resuming joins them again from
-the next round, from the state it already holds: no checkpoint download.
+A paused participation goes on: it keeps the run's state current (every certified round is adopted
+or synced) and keeps voting, but after the round under way it trains none (no round waits for a
+payload: a proposer takes what it holds by its cut). Resuming trains again from the next round,
+from the state it already holds: no checkpoint download.
 
 A pause outlives a restart: it is a marker file per run,
 

@@ -7,7 +7,7 @@ member does (the participation, participation.py, calls it):
 - before aggregating round r it keeps θ_r (`RoundParticipant.scoring_base`: a reference, the outer
   step never writes into it), with the set it aggregates and their payloads (held a round longer
   anyway, for peers replaying the round);
-- once round r is certified with its hash, if it is on r's committee and voted the certified hash,
+- once round r is certified with its hash, if it is on r's committee and precommitted the certified state,
   it scores each contribution of that set applied alone to θ_r, on batches drawn from a seed
   derived from r's certified hash (fixed only once the round's set was, so nobody prepared for
   them), in a worker thread beside the next round's training: never under the compute lock, so
@@ -63,10 +63,10 @@ class RoundScorer:
         return self.participant.settings.scoring == "report"
 
     def on_committee(self, round_number: int) -> bool:
-        """Are we among certified round `round_number`'s scorers (on its committee, and a voter of
-        its certified hash: only then do our scores count)?"""
-        certificate = self.replica.state.certificates.get(round_number)
-        return (certificate is not None and self.me in certificate.voters
+        """Are we among certified round `round_number`'s scorers (on its committee, and a
+        precommitter of its certified state: only then do our scores count)?"""
+        certificate = self.replica.chain.certificates.get(round_number)
+        return (certificate is not None and self.me in self.replica.chain.voters(round_number)
                 and self.me in scoring_committee(certificate))
 
     async def score(self, round_number: int, base: Any, authors: tuple[bytes, ...],

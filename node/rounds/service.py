@@ -14,6 +14,7 @@ service, whose parts it uses. RPC methods:
         for a run it never trained in, NOT_JOINED saying how to join it, or RUN_NOT_FOUND if the node
         knows no such run (the same for leave, pause, resume, export)
     run.export(run_id, directory) -> {"round", "files"}: the certified model, as files other tools load
+    run.admit(run_id, peer_ids) -> {"run_id", "admitted"}: vouch for keys (crdt/membership.py: admission)
 
 Joining finds the run (locally or in the DHT), announces this node as a participant in the DHT,
 connects to the run's other participants and pulls their CRDT state (`meeting.py`; with our own ops: the run's op
@@ -46,7 +47,8 @@ from typing import Any
 import trio
 
 from locomesh.crdt import Replica
-from locomesh.protocol import ProtocolError, peer_id_from_public_key
+from locomesh.crdt.quorum import is_quorum
+from locomesh.protocol import ProtocolError, public_key_from_peer_id
 from locomesh.protocol.runs import format_run_id, load_manifest, short_run_id
 from locomesh.training.contract import ParticipantFactory, RoundParticipant
 from locomesh.training.run_settings import ParticipantError, RoundSettings
@@ -69,6 +71,8 @@ from locomesh.node.schedule import TrainingSchedule
 
 logger = logging.getLogger(__name__)
 
+LEAVE_PATIENCE = 60.0  # seconds a leaving node keeps voting, at most, for its leave to take effect
+LEAVE_POLL = 0.5
 NOT_JOINED = -32005
 DATA_UNAVAILABLE = -32008  # the run's dataset or initial weights could not be fetched
 BANNED = -32007
@@ -135,7 +139,7 @@ class RoundService:
         self.paused = PausedRuns(self.registry.store.root.parent)
         for name, method in (("run.join", self._rpc_join), ("run.leave", self._rpc_leave), ("run.status", self._rpc_status),
                              ("run.export", self._rpc_export), ("run.pause", self._rpc_pause),
-                             ("run.resume", self._rpc_resume)):
+                             ("run.resume", self._rpc_resume), ("run.admit", self._rpc_admit)):
             node.rpc.register(name, method)
         node.add_status_field("training", self._summary)
         shard_service = self.shard_service(node, self.shards, slots=self.checkpoints.uploads, scores=self.checkpoints.scores)
@@ -284,22 +288,18 @@ class RoundService:
                        tokens_per_round=participant.data_needs().tokens_per_round)
 
     def _write_join(self, replica: Replica, timing: Timing) -> int:
-        """Write our join op unless we are a member already (or banned); the first round we train.
-        A round its contributors already train (enough of them to start it, or commits out) is not
-        joined: we would start it late, commit after its cutoff and be left out (peers that join
-        together, the creator first, would waste their first round and hold it up). The next one is.
-        Contributors we hold no connection to do not count: a run whose members are all gone must
-        stay joinable at its next round, or nobody would ever train it again."""
+        """Write our join op unless we are on the run's roster already, a join of ours waits, or
+        we are banned; the first round we may train. A round's value admits the join
+        (crdt/membership.py): an admitted key's payload may count in that round already, if it
+        commits before the proposers cut (a round whose commits are out is too late for that)."""
         state = replica.state
-        if self._node.identity.public_key in state.members or self.crdt.ban_reason(replica.run_id) is not None:
-            return state.round + 1
-        next_round = state.round + 1
         me = self._node.identity.public_key
-        reachable = [key for key in replica.contributors(next_round) if key != me and
-                     peer_id_from_public_key(key) in self._node.peers]  # one we cannot reach is not training
-        training = len(reachable) >= timing.min_peers
-        first = first_round_to_join(state.round, under_way=training or bool(replica.commits(next_round)))
-        if self.crdt.write(replica.run_id, "join", round=first) is None:  # the run's limits: logged
+        next_round = state.round + 1
+        joined = me in state.members and any(row[1] == me for row in replica.facts.rows["join"])  # the creator's too
+        if joined or me in replica.joining() or self.crdt.ban_reason(replica.run_id) is not None:
+            return next_round
+        first = first_round_to_join(state.round, under_way=bool(replica.commits(next_round)))
+        if self.crdt.write(replica.run_id, "join", round=next_round) is None:  # the run's limits: logged
             raise RpcError(-32000, "the run refused our join op now (see the node's log); try again later")
         return first
 
@@ -310,16 +310,21 @@ class RoundService:
                                    "take no further part; a node with a new data dir has a new key")
 
     async def leave(self, run_id: bytes) -> int:
-        """Stop training in `run_id` after the round under way; the last round this node counts in."""
+        """Stop training in `run_id`; the last round this node counts in. The leave op goes out at
+        once; the participation trains no more but keeps voting until a round's value puts the
+        leave into effect (at most LEAVE_PATIENCE seconds, and not at all outside the electorate):
+        leaving costs the run no deadline."""
         self._joined(run_id)  # refuses a run this node does not train in, saying why
         participation, scope = self.participations.pop(run_id)
         machine = participation.machine
-        committed = machine.phase.value in ("collect", "aggregate", "voted")
+        committed = machine.phase.value == "committed"
         # Never below the certified round: a node still syncing has a state far behind it, and
         # the run refuses ops naming rounds far below our own newest (crdt/limits.py).
         last = max(machine.state_round + (1 if committed else 0), participation.replica.state.round)
+        participation.leaving = True
         self.crdt.write(run_id, "leave", round=last)
-        scope.cancel()
+        assert self._nursery is not None
+        self._nursery.start_soon(self._vote_out, participation, scope)
         self._left[run_id] = (last, participation.history)
         try:
             await self.offload(self.paused.resume, run_id)  # a pause ends with the participation
@@ -327,6 +332,33 @@ class RoundService:
         except OSError as error:  # the leave op is written: only a restart would take the run up again
             logger.warning("could not mark run %s as left: %s", short_run_id(run_id), error)
         return last
+
+    async def drain(self) -> None:
+        """A graceful stop (node/service.py, 4): in each run whose quorums need our vote (an
+        electorate of three or fewer), sign a leave and keep voting until a round's value puts it
+        into effect, so the stop costs the run no recovery wait; the node's drain time bounds it.
+        A larger run goes on without us, and the rounds drop us after a few (crdt/membership.py)."""
+        me = self._node.identity.public_key
+        async with trio.open_nursery() as nursery:
+            for run_id, (participation, scope) in list(self.participations.items()):
+                electorate = participation.replica.chain.tip.electorate
+                needed = me in electorate and not is_quorum(len(electorate) - 1, len(electorate))
+                others = any(participation._connected(key) for key in electorate - {me})
+                if needed and others and not participation.leaving:
+                    participation.leaving = True
+                    self.crdt.write(run_id, "leave", round=participation.replica.state.round)
+                    logger.info("run %s: stopping; voting until our leave takes effect", short_run_id(run_id))
+                    nursery.start_soon(self._vote_out, participation, scope)
+
+    async def _vote_out(self, participation: RunParticipation, scope: trio.CancelScope) -> None:
+        """Keep a leaving participation voting until its key is out of the electorate, or nobody
+        else is left to certify a round (every other member is leaving too, or none is connected),
+        or LEAVE_PATIENCE passed; then stop it."""
+        me = self._node.identity.public_key
+        with trio.move_on_after(LEAVE_PATIENCE):
+            while not _voted_out(participation, me):
+                await trio.sleep(LEAVE_POLL)
+        scope.cancel()
 
     @property
     def _data_dir(self) -> Path:
@@ -397,6 +429,23 @@ class RoundService:
         await self.offload(self.paused.resume, raw_id)
         participation.paused = False
         return {"run_id": format_run_id(raw_id), "paused": False, "round": participation.machine.state_round}
+
+    async def _rpc_admit(self, run_id: str, peer_ids: list[str]) -> dict[str, Any]:
+        """Vouch for keys in a run we take part in (an `admit` op each): the creator's admit them
+        (admission "creator" or "open"); in a run with admission "electorate", more than two thirds
+        of the electorate's do. An admitted key has a say from the round its join is admitted in."""
+        raw_id = await self.registry.resolve(run_id)
+        self._joined(raw_id)
+        if not isinstance(peer_ids, list) or not 0 < len(peer_ids) <= 64:
+            raise RpcError.invalid_params("peer_ids must list 1 to 64 peer IDs")
+        try:
+            keys = [public_key_from_peer_id(peer) for peer in peer_ids]
+        except (ProtocolError, TypeError, ValueError):
+            raise RpcError.invalid_params("peer_ids must list peer IDs (as `locomesh status` prints them)") from None
+        written = self.crdt.write_batch(raw_id, [("admit", {"key": key}) for key in keys])
+        if len(written) != len(keys):
+            raise RpcError(-32000, "the run refused the admissions now (see the node's log)")
+        return {"run_id": format_run_id(raw_id), "admitted": peer_ids}
 
     async def _rpc_status(self, run_id: str) -> dict[str, Any]:
         raw_id = await self.registry.resolve(run_id)
@@ -478,6 +527,18 @@ class RoundService:
                                    "round": p.machine.state_round, "device": p.participant.device}
             for run_id, (p, _scope) in self.participations.items()
         }
+
+
+def _voted_out(participation: RunParticipation, me: bytes) -> bool:
+    """Is a leaving member done: out of the electorate, or with nobody else to certify a round?"""
+    replica = participation.replica
+    tip = replica.chain.tip
+    others = tip.electorate - {me}
+    if me not in tip.electorate or not others:
+        return True
+    leaving = {author for round_ in range(max(0, tip.round - 2), tip.round + 1)
+               for author in replica.facts.in_round("leave", round_)}
+    return others <= leaving or not any(participation._connected(key) for key in others)
 
 
 def _timing(hparams: dict[str, Any]) -> Timing:

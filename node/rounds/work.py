@@ -1,7 +1,6 @@
 """What one peer keeps about the rounds of a run it takes part in (`participation`).
 
-- `RoundWork`: the round being worked on: our payload, the others' payloads as they arrive,
-  timings, and the cancel scopes of its fetches and tasks;
+- `RoundWork` (node/exchange/work.py): the round being worked on, what the exchange fills;
 - `TrainingAhead`: with one-round-delayed outer updates, the inner steps of the next round,
   started before the round machine starts that round;
 - `RoundRecord`: one finished round, as `run.status` shows it, with what became of our part in
@@ -17,6 +16,7 @@ from typing import Any
 
 import trio
 
+from locomesh.node.exchange.work import RoundWork
 from locomesh.node.rounds.events import RoundDone
 from locomesh.node.rounds.outcome import Outcome
 
@@ -72,51 +72,6 @@ class RoundRecord:
             exchange=None if this_round is None or this_round.exchange is None else this_round.exchange.to_json(),
             outcome=None if outcome is None else outcome.kind, outcome_why=None if outcome is None else outcome.why,
         )
-
-
-@dataclass
-class RoundWork:
-    """What this peer has for the round being trained."""
-
-    round: int
-    started: float
-    payload_id: bytes = b""
-    payload_size: int = 0
-    train_loss: float | None = None
-    train_seconds: float | None = None
-    committed: bool = False
-    payloads: dict[bytes, bytes | memoryview] = field(default_factory=dict)  # author -> payload bytes
-    bytes_fetched: int = 0  # payload bytes downloaded (whether or not their payload came whole)
-    arrived: dict[bytes, float] = field(default_factory=dict)  # author -> when its payload was in hand
-    exchange_seconds: float | None = None
-    fetch_seconds: float | None = None
-    aggregate_seconds: float | None = None
-    trained_ahead: bool = False
-    exchange: Any = None  # the round's `ExchangeChoice` (node/exchange/mode.py)
-    # With contribution scoring on: θ before the round's outer step, and the set aggregated on it.
-    scoring_base: Any = None
-    aggregated: tuple[bytes, ...] = ()
-    refused: str | None = None  # why our own outer step refused our payload, if it did (outcome.py)
-    # The state before the round's first outer step: a vote that died with a split attempt is cast
-    # again for another set, aggregated from this state.
-    before: Any = None
-    fetches: list[trio.CancelScope] = field(default_factory=list)
-    tasks: list[trio.CancelScope] = field(default_factory=list)  # training, aggregation
-    # Set to stop the inner steps at the next step: a cancelled thread cannot be interrupted, and
-    # the compute lock it holds would keep a replay (or a sync's load) waiting for all H steps.
-    stop_training: threading.Event = field(default_factory=threading.Event)
-
-    @property
-    def sharded(self) -> bool:
-        """Does the round use sharded exchange (node/exchange/)?"""
-        return self.exchange is not None and self.exchange.mode == "sharded"
-
-    def cancel(self, *, fetches_only: bool = False, training_only: bool = False) -> None:
-        """Cancel the fetches, or the tasks (training; aggregation only once it runs), or both."""
-        if not fetches_only:
-            self.stop_training.set()
-        for scope in [*(() if training_only else self.fetches), *(() if fetches_only else self.tasks)]:
-            scope.cancel()
 
 
 @dataclass

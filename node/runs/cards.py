@@ -4,7 +4,8 @@ A public run is listed in the DHT's directory (dht/records.py) by its **card kee
 `KEEPERS` active members whose SHA-256(run ID || member key) is lowest, plus the run's creator
 while it is a member. Every member computes the same set from its CRDT replica, so no one
 decides it, and a run of a thousand members still fills only a few of the directory's provider
-slots (a holder keeps 20 per key). Active: a member not lapsed for the next round, so keepers
+slots (a holder keeps 20 per key). Active: a member of the next round's electorate, or a key on its
+roster earning a say (not one away from the electorate), so keepers
 that crashed long ago hand the job over as their membership lapses.
 
 A keeper's `CardPublisher` signs one cards record under ``/locomesh/cards/<its peer id>`` with a
@@ -58,8 +59,9 @@ class Standing:
     run_id: bytes
     body: dict[str, Any]  # the manifest's
     creator: bytes
-    members: tuple[bytes, ...]  # active members (not lapsed for the next round), sorted
+    members: tuple[bytes, ...]  # active members (the next round's electorate and keys earning a say), sorted
     rounds: int  # the newest certified round
+    joining: int = 0  # keys whose join waits for a round to take it in (they train from it: members to a browser)
 
 
 def card_keepers(run_id: bytes, members: Iterable[bytes], creator: bytes, count: int = KEEPERS) -> frozenset[bytes]:
@@ -73,8 +75,9 @@ def card_keepers(run_id: bytes, members: Iterable[bytes], creator: bytes, count:
 def standing(replica: Replica, body: dict[str, Any]) -> Standing:
     """`replica`'s run as a card needs it (`body`: its manifest's)."""
     state = replica.state
-    active = tuple(member for member in state.members if not replica.lapsed(member, state.round + 1))
-    return Standing(replica.run_id, body, replica.genesis.creator, active, state.round)
+    tip = replica.chain.tip
+    active = tuple(sorted(tip.electorate | set(tip.membership.fresh)))  # the dormant (away for a while) aside
+    return Standing(replica.run_id, body, replica.genesis.creator, active, state.round, len(replica.joining()))
 
 
 def make_card(run: Standing, footprint: Footprint) -> dict[str, Any]:
@@ -91,7 +94,7 @@ def make_card(run: Standing, footprint: Footprint) -> dict[str, Any]:
         "download": footprint.exchange_bytes_down(),
         "inner_steps": footprint.inner_steps,
         "round_deadline_s": float(footprint.round_deadline_s),
-        "members": len(run.members),
+        "members": len(run.members) + run.joining,
         "rounds": run.rounds,
         "created": body["created"],
     }

@@ -38,7 +38,8 @@ import trio
 
 from locomesh.crdt import Replica
 from locomesh.dht.discovery import Discovery, DiscoveryError
-from locomesh.protocol import ProtocolError
+from locomesh.protocol import ProtocolError, public_key_from_peer_id
+from locomesh.protocol.kinds import ADMISSIONS
 from locomesh.protocol.runs import (
     SHORT_ID_CHARS, format_run_id, parse_run_id, run_id_prefix, short_run_id, sign_manifest,
 )
@@ -187,12 +188,17 @@ class RunRegistryService:
 
     async def _rpc_create(
         self, task: str, settings: dict | None = None, public: bool = False, name: str = "", seed: int | None = None,
-        init: str | None = None,
+        init: str | None = None, admission: str = "open", admitted: list[str] | None = None,
     ) -> dict[str, Any]:
-        """`init`: the path of the weights file or checkpoint directory the run starts from (node/datasets/creation.py)."""
+        """`init`: the path of the weights file or checkpoint directory the run starts from
+        (node/datasets/creation.py). `admission`: who may join ("open", "creator", "electorate":
+        crdt/membership.py); `admitted`: peer IDs with a say from their join (the creator's team)."""
         assert self._node is not None
         if not isinstance(public, bool):
             raise RpcError.invalid_params("public must be true or false")
+        if admission not in ADMISSIONS:
+            raise RpcError.invalid_params(f"admission is one of {', '.join(ADMISSIONS)}, not {str(admission)[:32]!r}")
+        admitted_keys = _keys_of(admitted or [])
         if init is not None and not isinstance(init, str):
             raise RpcError.invalid_params("init must be a path")
         if seed is None:
@@ -218,6 +224,8 @@ class RunRegistryService:
                 hparams=hparams,
                 public=public,
                 created=int(time.time()),
+                admission=admission,
+                admitted=admitted_keys,
             )
         except (ProtocolError, TypeError, ValueError) as error:
             raise RpcError.invalid_params(error.reason) from None
@@ -247,6 +255,16 @@ class RunRegistryService:
         result = await browse(self.discovery, task=task, limit=limit)
         self._remember_listed(result)
         return result.as_json()
+
+
+def _keys_of(peer_ids: Any) -> list[bytes]:
+    """The public keys of a list of peer IDs; `RpcError` for anything else."""
+    if not isinstance(peer_ids, list) or len(peer_ids) > 1024:
+        raise RpcError.invalid_params("admitted must be a list of at most 1024 peer IDs")
+    try:
+        return [public_key_from_peer_id(peer) for peer in peer_ids]
+    except (ProtocolError, TypeError, ValueError):
+        raise RpcError.invalid_params("admitted must list peer IDs (as `locomesh status` prints them)") from None
 
 
 def summary(run: KnownRun) -> dict[str, Any]:

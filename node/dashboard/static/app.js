@@ -277,7 +277,7 @@ async function runPage(runId) {
   const me = got.node.error ? "" : got.node.peer_id;
   show(h("div", {},
     h("h1", {}, `Run ${got.info.name || got.info.short_id}`),
-    runFacts(got.info, status),
+    runFacts(got.info, status, me),
     h("section", {}, h("h2", {}, "Evaluation loss per round"), svgChart("loss-chart"),
       legend([["eval loss", "#2a6fdb"], ["train loss (ours)", "#9aa5ad"], ["entropy floor", "#3aa76d"]])),
     h("section", {}, h("h2", {}, "Round timeline"), svgChart("timeline-chart", "chart timeline"),
@@ -291,21 +291,42 @@ async function runPage(runId) {
     { xFormat: (v) => `${v.toPrecision(2)} s` });
 }
 
-function runFacts(info, status) {
+function runFacts(info, status, me) {
   const waiting = status && status.waiting ? status.waiting : null;
   return h("section", { id: "run-facts" }, details([
     ["Run ID", mono(info.run_id)],
     ["Task", info.task],
     ["Phase here", status ? badge(status.phase) : "not joined on this node"],
+    ["Say here", sayText(status, me)],
     ["Round / certified", status ? `${status.round} / ${status.certified}` : "—"],
     ["Members", status ? String(status.members) : "—"],
     ["Waiting for", waiting ? `${waiting.for}${waiting.on.length ? ` (${waiting.on.length} peers` +
       `${(waiting.unreachable || []).length ? `, ${waiting.unreachable.length} not connected` : ""})` : ""}` : "—"],
-    ["Waited", waiting && waiting.waited_s !== undefined
-      ? `${Math.round(waiting.waited_s)} s of the ${Math.round(waiting.deadline_s)} s deadline (attempt ${waiting.attempt})` : "—"],
+    ["Waited", waiting && waiting.waited_s !== undefined ? waitedText(waiting) : "—"],
     ["Next", waiting && waiting.next ? waiting.next : "—"],
+    ["Stuck", waiting && waiting.stuck
+      ? h("span", {}, badge("failed"), ` ${waiting.stuck.cause}; fix: ${waiting.stuck.fix}`) : "no"],
     ["Error", status && status.error ? status.error : "none"],
   ]));
+}
+
+// Where the round's agreement stands, as `run status` says it (cli/run_view.py `waiting_text`).
+function waitedText(waiting) {
+  const epoch = waiting.epoch ? `, recovery epoch ${waiting.epoch}` : "";
+  const usual = waiting.usual_s === null || waiting.usual_s === undefined ? "" : `; a round usually takes ${Math.round(waiting.usual_s)} s`;
+  return `${Math.round(waiting.waited_s)} s of the ${Math.round(waiting.deadline_s)} s before a recover ` +
+    `(attempt ${waiting.attempt}${epoch}, ${waiting.step} step${usual})`;
+}
+
+// Whether this node votes on the run's rounds, or the counted rounds it still needs for a say.
+function sayText(status, me) {
+  if (!status || !status.say) return "—";
+  if (status.say.has) return `yes: votes on the rounds (${status.say.why})`;
+  const needed = (status.earning || {})[me];
+  if (needed !== undefined) {
+    return `none yet: earning one, ${needed} more counted round${needed === 1 ? "" : "s"}, then a place in the rounds' draw`;
+  }
+  return `none (${status.say.why})`;
 }
 
 function drawLoss(status, history) {
@@ -408,10 +429,18 @@ function members(state, status, me, peers) {
     else if (peer === me) label = "this node";
     else if (waitedOn.has(peer)) label = "waited on";
     else if (connected.has(peer)) label = "connected";
-    return [mono(short(peer), peer), badge(label), scores[key] ? fixed(scores[key].mean, 4) : "—"];
+    return [mono(short(peer), peer), badge(label), memberSay(state, key), scores[key] ? fixed(scores[key].mean, 4) : "—"];
   });
-  section.appendChild(table("members-table", [["Peer"], ["State"], ["Mean score", "num"]], rows));
+  section.appendChild(table("members-table", [["Peer"], ["State"], ["Say"], ["Mean score", "num"]], rows));
   return section;
+}
+
+// A member's say (crdt/membership.py): it votes (the electorate), earns one by counted rounds, or is away.
+function memberSay(state, key) {
+  if ((state.electorate || []).includes(key)) return "votes";
+  const needed = (state.earning || {})[key];
+  if (needed !== undefined) return `earning: ${needed} more counted round${needed === 1 ? "" : "s"}`;
+  return "away: back once a round counts its payload";
 }
 
 // --- the downloads page ---------------------------------------------------------------------

@@ -5,7 +5,7 @@ An op on the wire is a canonical msgpack array
     [content, count, index, path, sig]
 
 - `content` is the canonical msgpack of {v, kind, run, author, body}: an envelope without its
-  signature, of one of the `crdt.*` op kinds (protocol/kinds.py). Its body carries `parents`
+  signature, of one of the `crdt.*` op kinds (the registry, crdt/ops/). Its body carries `parents`
   (IDs of the ops the author had as heads, sorted and distinct), `seq` (one more than the
   author's own newest op among its dependencies, or 1) and the fields of its type.
 - The op ID is SHA-256 of `content`, so an op names its whole causal past by hash (Kleppmann &
@@ -32,9 +32,11 @@ import msgpack
 
 from locomesh.protocol import Identity, ProtocolError, canonical
 from locomesh.protocol.identity import PUBLIC_KEY_SIZE, SIGNATURE_SIZE
-from locomesh.protocol.kinds import CRDT_EVIDENCE, CRDT_OP_KINDS, MAX_SEAL_OPS, MAX_SEALED_OP, RUN_ID_SIZE, lookup
+from locomesh.protocol.kinds import MAX_SEAL_OPS, MAX_SEALED_OP, RUN_ID_SIZE
 
-from .seal import SealCache, root_from_path, seal, verify_seal
+from ..seal import SealCache, root_from_path, seal, verify_seal
+from .base import require_sorted
+from . import OP_KINDS, REGISTRY
 
 OpId = bytes
 OP_VERSION = 1
@@ -54,13 +56,13 @@ class Op:
     parents: tuple[OpId, ...]
     body: dict[str, Any]
     data: bytes  # the whole op as it travels: content and seal
-    # The ops that must be present before this one applies: its parents, and for a snapshot
-    # the frontier it covers (so a snapshot never precedes what it summarises).
+    # The ops that must be present before this one applies: its parents, and the op IDs its
+    # type's `refs` fields name (a snapshot's frontier, a proposal's value: crdt/ops/base.py).
     dependencies: tuple[OpId, ...]
 
     @property
     def type(self) -> str:
-        """The op type without the `crdt.` prefix: "join", "vote", ..."""
+        """The op type without the `crdt.` prefix: "join", "prevote", ..."""
         return self.kind[5:]
 
 
@@ -121,19 +123,24 @@ def decode_wire(wire: Wire, run: bytes, seals: SealCache | None = None) -> Op:
     else:
         verify_seal(author, run, wire.count, root, wire.sig)
     parents = tuple(body["parents"])
-    dependencies = tuple(sorted(set(parents) | set(body["frontier"]))) if kind == "crdt.snapshot" else parents
+    named = REGISTRY[kind[5:]].dependencies(body)
+    dependencies = tuple(sorted(set(parents) | set(named))) if named else parents
     return Op(op_id_, kind, author, body["seq"], parents, body, wire.data, dependencies)
 
 
 def op_content(author: bytes, run: bytes, kind: str, parents: list[OpId], seq: int, **fields: Any) -> bytes:
-    """The canonical content of a new op; `parents` (and a snapshot's frontier) are sorted here."""
-    body = {"parents": sorted(set(parents)), "seq": seq, **fields}
-    if kind == "crdt.snapshot":
-        body["frontier"] = sorted(set(body["frontier"]))
-    if kind not in CRDT_OP_KINDS:
+    """The canonical content of a new op; `parents` (and the ID lists its type keeps sorted) are
+    sorted here."""
+    if kind not in OP_KINDS:
         raise ProtocolError("unexpected-kind", f"{kind!r} is not an op kind")
-    lookup(kind).body.check(body)  # we never seal junk
-    _check_fields(kind, body)
+    entry = REGISTRY[kind[5:]]
+    body = {"parents": sorted(set(parents)), "seq": seq, **fields}
+    paired = {name for pair in entry.paired for name in pair}
+    for name in entry.sorted_lists:
+        if isinstance(body.get(name), list) and name not in paired:  # a paired list's order is the caller's
+            body[name] = sorted(set(body[name]))
+    entry.kind.body.check(body)  # we never seal junk
+    entry.check_body(body)
     content = canonical.pack({"author": author, "body": body, "kind": kind, "run": run, "v": OP_VERSION})
     _check_size(kind, content)
     return content
@@ -152,35 +159,25 @@ def encode_op(identity: Identity, run: bytes, kind: str, parents: list[OpId], se
 
 
 def _check_content(content: bytes, run: bytes) -> tuple[str, bytes, dict[str, Any]]:
-    raw = _unpack(content, CRDT_EVIDENCE.max_size)
+    raw = _unpack(content, REGISTRY["evidence"].max_size)
     if not isinstance(raw, dict) or raw.keys() != _CONTENT_FIELDS:
         raise ProtocolError("bad-op", "op content is a map of exactly author, body, kind, run, v")
     author, body, kind, run_id, version = raw["author"], raw["body"], raw["kind"], raw["run"], raw["v"]
     if type(version) is not int or version != OP_VERSION:
         raise ProtocolError("bad-version", f"op version {version!r} is not {OP_VERSION}")
-    if not isinstance(kind, str) or kind not in CRDT_OP_KINDS:
+    if not isinstance(kind, str) or kind not in OP_KINDS:
         raise ProtocolError("unexpected-kind", f"{str(kind)[:64]!r} is not an op kind")
     _check_size(kind, content)
     if not isinstance(run_id, bytes) or len(run_id) != RUN_ID_SIZE or run_id != run:
         raise ProtocolError("wrong-run", "the op belongs to another run")
     if not isinstance(author, bytes) or len(author) != PUBLIC_KEY_SIZE:
         raise ProtocolError("bad-op", f"author must be a {PUBLIC_KEY_SIZE}-byte Ed25519 key")
-    lookup(kind).body.check(body)
+    entry = REGISTRY[kind[5:]]
+    entry.kind.body.check(body)
     _require_canonical(raw, content)
-    _require_sorted(tuple(body["parents"]), "parents")
-    _check_fields(kind, body)
+    require_sorted(tuple(body["parents"]), "parents")
+    entry.check_body(body)
     return kind, author, body
-
-
-def _check_fields(kind: str, body: dict[str, Any]) -> None:
-    """What a kind's schema cannot say: the order of ID lists, paired lists of one length."""
-    if kind == "crdt.snapshot":
-        _require_sorted(tuple(body["frontier"]), "frontier")
-    elif kind == "crdt.score":
-        # One score per author, in one order: a reordered op would be the same statement twice.
-        _require_sorted(tuple(body["authors"]), "authors")
-        if len(body["scores"]) != len(body["authors"]):
-            raise ProtocolError("bad-op", "a score op has one score per author")
 
 
 # Canonical bytes, checked fast. `canonical.unpack` decodes, re-encodes through a Python walk of
@@ -235,13 +232,7 @@ def _refuse_ext(code: int, _data: bytes) -> None:
 
 
 def _check_size(kind: str, content: bytes) -> None:
-    cap = lookup(kind).max_size
+    cap = REGISTRY[kind[5:]].max_size
     if len(content) > cap:
         raise ProtocolError("too-large", f"{kind} content of {len(content)} bytes is over its cap of {cap}")
 
-
-def _require_sorted(ids: tuple[bytes, ...], name: str) -> None:
-    # One op, one encoding: a list of IDs that could be reordered would give the same op
-    # two IDs, so only the strictly ascending order is accepted.
-    if ids != tuple(sorted(set(ids))):  # strictly ascending
-        raise ProtocolError("bad-op", f"{name} must be sorted and distinct")
