@@ -97,9 +97,10 @@ def test_repeating_a_commitment_or_committing_to_another_round_is_no_ban():
 
 
 def test_only_members_commit_and_only_keys_that_may_contribute_count():
-    """A key that never joined writes no commit (one that left does: it comes back by committing); a fresh key's commit is a valid op
-    that no value may take until its join is admitted and the round's slate draws it; a key
-    admitted at genesis may contribute in the round that admits its join."""
+    """A key that never joined writes no commit (one that left does: it comes back by committing); a
+    fresh key's commit is a valid op that no value may take until its join is admitted and the
+    round's slate draws it; a key admitted at genesis may contribute in the round that admits its
+    join."""
     replica = joined_replica([A, B])
     replica.create(C, "join", round=1)  # not admitted: fresh, it must earn a say
     with pytest.raises(ProtocolError, match="not-member"):

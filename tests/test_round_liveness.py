@@ -164,7 +164,8 @@ async def test_a_stuck_round_says_since_when_until_when_on_whom_and_what_comes_n
     assert "(1 of 4 so far)" in fix and "locomesh node start" in fix
     line = waiting_text(waiting)
     assert f"{peer_id_from_public_key(silent[1].public_key)} (not connected)" in line
-    assert f"(attempt {waiting['attempt']}, {waiting['step']} step: {RECOVER + 10.0:.0f} s of the {RECOVER:.0f} s before a recover" in line
+    clock = f"{RECOVER + 10.0:.0f} s of the {RECOVER:.0f} s before a recover"
+    assert f"(attempt {waiting['attempt']}, {waiting['step']} step: {clock}" in line
     check = progress_check({"run_id": "abc", "phase": "committed", "round": 1, "certified": 1, "waiting": waiting})
     assert (check.status, check.detail, check.fix) == ("fail", cause, fix)
     assert progress_check({"phase": "train", "round": 4, "certified": 4, "waiting": {"stuck": None}}).status == "ok"
