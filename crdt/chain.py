@@ -125,6 +125,7 @@ class Chain:
         self.epochs: list[Epoch] = [Epoch(0, 1)]
         self.conflicts = 0  # late recover quorums not taken (module docstring)
         self._kept: dict[int, Tip] = {}
+        self._proposers: dict[tuple, list[bytes]] = {}  # (round, seed, epoch, electorate) -> the order
         self.tip = Tip(1, self.epochs[0], first_membership(genesis), genesis.run_id, None)
         self._advance()
 
@@ -146,7 +147,14 @@ class Chain:
         attempt, and no key can pick its turn."""
         tip = tip or self.tip
         number = tip.epoch.number if epoch is None else epoch
-        order = drawn_order(b"locomesh proposer", tip.round, tip.seed + number.to_bytes(4, "big"), 0, tip.electorate)
+        key = (tip.round, tip.seed, number, tip.electorate)
+        order = self._proposers.get(key)
+        if order is None:  # asked for every proposal the replica holds, each time it looks: drawn once
+            if len(self._proposers) > 64:
+                self._proposers.clear()
+            order = drawn_order(b"locomesh proposer", tip.round, tip.seed + number.to_bytes(4, "big"), 0,
+                                tip.electorate)
+            self._proposers[key] = order
         return order[attempt % len(order)]
 
     def carried(self, tip: Tip | None = None) -> bytes | None:

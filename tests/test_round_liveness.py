@@ -157,6 +157,8 @@ async def test_a_stuck_round_says_since_when_until_when_on_whom_and_what_comes_n
     mock_clock.jump(RECOVER + 10.0 - 20.0)
     agree(p, trio.current_time())  # past the deadline: we sign a recover
     assert replica.chain.signers() == {me.public_key}
+    due = p.seat.next_wakeup()  # a wake-up due in the past would make the participation's loop spin
+    assert due is None or due > trio.current_time(), (due, trio.current_time())
     waiting = waiting_on(p)
     assert waiting["waited_s"] == RECOVER + 10.0 and waiting["next"].startswith("signed a recover")
     cause, fix = waiting["stuck"]["cause"], waiting["stuck"]["fix"]

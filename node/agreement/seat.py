@@ -69,6 +69,7 @@ class Seat:
         self.timeouts, self.recover_after = timeouts, recover_after
         self.machine: tm.Machine | None = None
         self.started_at: float | None = None  # when the machine of the tip round started
+        self.recover_due_seen = False  # the tip round's recover deadline passed while we looked
         self.chain: Chain | None = None
         self.recovered: set[int] = set()  # epochs we wrote a recover for (or tried to)
 
@@ -82,8 +83,9 @@ class Seat:
         self.chain = chain
         tip = chain.tip
         if self.at != (tip.round, tip.epoch.number):
-            self.machine, self.started_at = None, None
+            self.machine, self.started_at, self.recover_due_seen = None, None, False
         if self.me not in tip.electorate:
+            self.machine, self.started_at = None, None  # no timers of a round we have no say in
             return []
         log = Log.of(chain, facts, self.me)
         if self.machine is None:
@@ -107,7 +109,7 @@ class Seat:
         if self.machine is None:
             return None
         times = [t for t in (self.machine.next_timer(),) if t is not None]
-        if self.started_at is not None:
+        if self.started_at is not None and not self.recover_due_seen:  # past it, a wake-up would spin
             times.append(self.started_at + self.recover_after())
         return min(times, default=None)
 
@@ -147,6 +149,7 @@ class Seat:
         machine, chain = self.machine, self.chain
         if machine is None or chain is None or self.started_at is None or now < self.started_at + self.recover_after():
             return []
+        self.recover_due_seen = True
         fields = recover_fields(chain, facts, self.me, machine)
         if fields is None or fields["epoch"] in self.recovered:
             return []

@@ -181,7 +181,7 @@ class Deciding:
             if work.fetch_failures.get(author, 0) >= tries:
                 return False  # whoever could serve it does not: a proposer's own withheld payload
             done = work.fetching.get(author)
-            if done is None:
+            if done is None or done.is_set():  # none yet, or the last one failed: fetch (again)
                 commit = self.replica.commits(work.round).get(author)
                 if commit is None:
                     return False
