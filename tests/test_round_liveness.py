@@ -132,6 +132,34 @@ def test_the_attempt_deadline_follows_the_rounds_seen_within_the_run_s_bounds():
     assert rm.Adopt(1, value) in done and list(machine.durations) == [12.0]
 
 
+# --- a value's check fetches again -------------------------------------------------------------------
+
+
+async def test_a_check_fetches_a_payload_again_after_a_failed_fetch(autojump_clock):
+    """A fetch that failed (its author was late, or the link slow) does not make every later check
+    of a value naming that payload wait out its bound: the check fetches it again, up to its tries."""
+    import trio
+
+    from locomesh.node.exchange.work import RoundWork
+
+    author, work, fetched = b"a" * 32, RoundWork(round=2, started=0.0), []
+
+    def start_fetch(work: RoundWork, who: bytes, payload_id: bytes, size: int) -> None:
+        fetched.append(trio.current_time())
+        work.fetching[who] = done = trio.Event()
+        if len(fetched) == 1:
+            work.fetch_failures[who] = 1
+        else:
+            work.fetched_ok.add(who)
+        done.set()
+
+    p = SimpleNamespace(me=b"m" * 32, _start_fetch=start_fetch,
+                        replica=SimpleNamespace(commits=lambda round_: {author: (b"p" * 32, 10)}))
+    with trio.move_on_after(30.0):
+        assert await Deciding._payload(p, work, author)
+    assert len(fetched) == 2 and fetched[1] - fetched[0] < 5.0, fetched
+
+
 # --- a stuck round is visible ---------------------------------------------------------------------
 
 
