@@ -50,8 +50,9 @@ def test_sixteen_honest_nodes_keep_training_through_every_attack_at_once():
     clean_held = max(row[7] for row in _nodes(clean).values())
     honest = [row for row in _nodes(attacked).values() if row[1] not in train.HOSTILE]
     assert len(honest) == 16
-    # A quarter: the payloads a node holds (in memory, released a round later) no longer dilute the
+    # A half: the payloads a node holds (in memory, released a round later) no longer dilute the
     # ops it holds, of which the attacked run has more (its hostile members' and intruders' ops,
-    # within their caps): 234.7 KiB clean against 259.7 attacked at seed 2. What this guards
-    # against is orders of magnitude more (bfb477a: bombs +3.1 GiB, spam +182 MiB).
-    assert max(row[7] for row in honest) <= 1.25 * clean_held, (clean_held, [row[7] for row in honest])
+    # within their caps, and the votes of the attempts a withholding proposer costs): 308.9 KiB
+    # clean against 407.6 attacked at seed 2 (2026-12-08; netsim runs vary a little between runs).
+    # What this guards against is orders of magnitude more (bfb477a: bombs +3.1 GiB, spam +182 MiB).
+    assert max(row[7] for row in honest) <= 1.5 * clean_held, (clean_held, [row[7] for row in honest])

@@ -141,6 +141,8 @@ def test_the_cutoff_follows_the_spread_of_the_commits_the_rounds_decided():
     machine.handle(rm.Computed(1, V1, H1, 14.0))
     machine.handle(seen(14.0, certified=1, certified_hash=H1, decided=decided(1, authors=(ME, A))))
     assert machine.window() == 2 * 3.0  # the second of two commits came 3 s after the first
+    machine.spreads.extend([145.0, 3.0])  # a round whose commits a partition held back, then one as usual
+    assert machine.window() == 2 * 3.0  # the median: the held round does not stretch the next cutoffs
 
 
 def test_the_cutoff_never_runs_past_half_of_what_is_left_of_the_round_deadline():

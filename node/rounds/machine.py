@@ -45,6 +45,7 @@ Rules of this file
 from __future__ import annotations
 
 import math
+import statistics
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
@@ -265,9 +266,10 @@ class RoundMachine:
     # --- timing -------------------------------------------------------------------------------------
 
     def window(self) -> float:
-        """The cutoff window: the larger of a floor and twice the spread of the commits recent
-        rounds decided (`_note_spread`)."""
-        return max(self.timing.min_collect, 2.0 * max(self.spreads, default=0.0))
+        """The cutoff window: the larger of a floor and twice the (upper) median spread of the commits
+        recent rounds decided (`_note_spread`): the median, as one round whose commits a partition
+        held back would otherwise stretch the next rounds' cutoffs to its length."""
+        return max(self.timing.min_collect, 2.0 * statistics.median_high(self.spreads) if self.spreads else 0.0)
 
     def cutoff(self) -> float:
         """When a proposer of the round under way proposes what it holds: the round's first commit
