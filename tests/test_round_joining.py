@@ -115,7 +115,7 @@ async def test_run_status_tells_an_unknown_run_from_one_this_node_has_not_joined
     joined says how to join it; text that is no run ID stays a bad parameter."""
     import pytest
 
-    from locomesh.node.rounds.service import NOT_JOINED
+    from locomesh.node.rounds.answers import NOT_JOINED
     from locomesh.node.rpc.dispatch import INVALID_PARAMS, RpcError
     from locomesh.node.runs.registry import RUN_NOT_FOUND, RunRegistryService
     from locomesh.protocol.runs import format_run_id, run_id, sign_manifest
@@ -197,7 +197,7 @@ async def test_run_status_says_a_joined_run_is_being_rejoined_after_a_restart_un
     from locomesh.cli import run_cmd
     from locomesh.cli.main import main
     from locomesh.node.rounds.history import RoundHistory, mark_left
-    from locomesh.node.rounds.service import NOT_JOINED
+    from locomesh.node.rounds.answers import NOT_JOINED
     from locomesh.node.rpc.dispatch import RpcError
     from locomesh.node.runs.registry import RunRegistryService
     from locomesh.protocol.runs import format_run_id, run_id, sign_manifest
